@@ -1,0 +1,170 @@
+"""The Redis Streams transport against a real redis-server."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from audio_pipelines import RESAMPLE_GAIN, expected_resample_gain, make_flac
+from streamkit.frames import AudioFrame, frames_equal
+from streamkit.media import iter_audio
+from streamkit.pipeline import parse_pipeline
+from streamkit.runtime import Session
+from streamkit.transport import MemoryTransport
+from streamkit.transport.redis import RedisTransport, edge_key, work_key
+
+pytestmark = pytest.mark.redis
+
+
+async def run_on(transport, spec, frames, pace: float = 0.0):
+    session = await Session.open(spec, transport)
+    collected = []
+
+    async def collect():
+        async for f in session.outputs():
+            collected.append(f)
+
+    collector = asyncio.create_task(collect())
+    for f in frames:
+        await session.push(f)
+        if pace:
+            await asyncio.sleep(pace)
+    await session.end()
+    await asyncio.wait_for(collector, 60)
+    await session.close()
+    return session, collected
+
+
+def audio_of(frames):
+    return np.concatenate([f.samples for f in frames if isinstance(f, AudioFrame)])
+
+
+async def test_same_output_on_memory_and_redis(tmp_path, redis_url):
+    frames = list(iter_audio(make_flac(tmp_path / "chirp.flac"), 16000))
+    spec = parse_pipeline(RESAMPLE_GAIN)
+    _, on_memory = await run_on(MemoryTransport(), spec, frames)
+    transport = RedisTransport(redis_url)
+    session, on_redis = await run_on(transport, spec, frames)
+    assert len(on_memory) == len(on_redis) > 20
+    assert all(frames_equal(a, b) for a, b in zip(on_memory, on_redis))
+    np.testing.assert_array_equal(audio_of(on_redis), expected_resample_gain(frames))
+    # the session's streams are gone once it is closed
+    left = transport.redis
+    assert await left.keys(f"sk:{session.id}:*") == []
+    await transport.aclose()
+
+
+def start_worker(redis_url: str, stage: str, claim_ms: int = 800) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamkit.cli", "-v", "worker", "--stage", stage, "--redis", redis_url,
+         "--claim-idle-ms", str(claim_ms)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def wait_for_owner(client: redis.Redis, stage: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pending = client.xpending_range(work_key(stage), "workers", "-", "+", 10)
+        except redis.ResponseError:
+            pending = []
+        if pending:
+            return pending[0]["consumer"].decode()
+        time.sleep(0.05)
+    raise AssertionError(f"no worker took the {stage} announcement")
+
+
+async def test_killed_worker_is_replaced_with_nothing_lost_or_duplicated(tmp_path, own_redis):
+    """Stage rs runs in two worker processes; the one serving the session is SIGKILLed
+    mid-stream with inputs pending; the other takes over, replays, and downstream gets
+    exactly the frames an uninterrupted run gives."""
+    frames = list(iter_audio(make_flac(tmp_path / "chirp.flac", seconds=3.0), 16000, chunk_s=0.02))
+    spec = parse_pipeline(RESAMPLE_GAIN)
+    _, reference = await run_on(MemoryTransport(), spec, frames)
+
+    workers = [start_worker(own_redis.url, "rs") for _ in range(2)]
+    try:
+        transport = RedisTransport(own_redis.url, remote_stages={"rs"})
+        client = redis.Redis.from_url(own_redis.url)
+        session = await Session.open(spec, transport)
+        collected = []
+
+        async def collect():
+            async for f in session.outputs():
+                collected.append(f)
+
+        collector = asyncio.create_task(collect())
+        owner = await asyncio.to_thread(wait_for_owner, client, "rs")
+        owner_pid = int(owner.split("-")[-2])
+        victim = next(w for w in workers if w.pid == owner_pid)
+        half = len(frames) // 2
+        for f in frames[:half]:
+            await session.push(f)
+            await asyncio.sleep(0.002)
+        # wait until the victim has read some input (pending, unacknowledged) and emitted output
+        edge_in = edge_key(session.id, "input", "rs")
+        edge_out = edge_key(session.id, "rs", "g")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if client.xpending(edge_in, "g")["pending"] > 0 and client.xlen(edge_out) > 0:
+                break
+            await asyncio.sleep(0.02)
+        assert client.xpending(edge_in, "g")["pending"] > 0
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        for f in frames[half:]:
+            await session.push(f)
+        await session.end()
+        await asyncio.wait_for(collector, 60)
+        await session.close()
+        await transport.aclose()
+        new_owner = [w for w in workers if w is not victim][0]
+        assert new_owner.poll() is None
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait(10)
+
+    assert "took over stage rs of session " + session.id in new_owner.stderr.read()
+    assert len(collected) == len(reference)
+    assert all(frames_equal(a, b) for a, b in zip(reference, collected))
+    np.testing.assert_array_equal(audio_of(collected), audio_of(reference))
+
+
+@pytest.mark.parametrize("fault", ["restart", "pause"])
+async def test_pipeline_survives_redis_restart_and_pause(tmp_path, own_redis, fault):
+    frames = list(iter_audio(make_flac(tmp_path / "chirp.flac", seconds=2.0), 16000, chunk_s=0.02))
+    spec = parse_pipeline(RESAMPLE_GAIN)
+    _, reference = await run_on(MemoryTransport(), spec, frames)
+    transport = RedisTransport(own_redis.url, retry_s=30)
+    session = await Session.open(spec, transport)
+    collected = []
+
+    async def collect():
+        async for f in session.outputs():
+            collected.append(f)
+
+    collector = asyncio.create_task(collect())
+    third = len(frames) // 3
+    for f in frames[:third]:
+        await session.push(f)
+    if fault == "restart":
+        await asyncio.to_thread(own_redis.restart)
+    else:
+        own_redis.pause()
+        asyncio.get_running_loop().call_later(3.0, own_redis.resume)
+    for f in frames[third:]:
+        await session.push(f)
+    await session.end()
+    await asyncio.wait_for(collector, 90)
+    await session.close()
+    await transport.aclose()
+    assert len(collected) == len(reference)
+    assert all(frames_equal(a, b) for a, b in zip(reference, collected))
