@@ -56,7 +56,8 @@ async def test_same_output_on_memory_and_redis(tmp_path, redis_url):
     np.testing.assert_array_equal(audio_of(on_redis), expected_resample_gain(frames))
     # the session's streams are gone once it is closed
     left = transport.redis
-    assert await left.keys(f"sk:{session.id}:*") == []
+    assert await left.keys(f"sk:{{{session.id}}}:*") == []
+    assert edge_key(session.id, "rs", "g") == f"sk:{{{session.id}}}:e:rs:g"
     await transport.aclose()
 
 

@@ -1,6 +1,7 @@
 """The Redis Streams transport: every edge of a session is a stream, read by a consumer group.
 
-Keys (prefix `sk:`):
+Keys (prefix `sk:`; the session id in braces is a Redis Cluster hash tag, so every key of a
+session lives in one slot and the multi-key reads and transactions below work on a cluster):
     sk:{session}:e:{from}:{to}   one stream per edge ("input" is the session source, "__out__"
                                  the session sink); consumer group "g"
     sk:{session}:ckpt            hash: per stage, the output positions at its last acknowledgement
@@ -53,11 +54,11 @@ UNDECODABLE = REGISTRY.counter("streamkit_redis_undecodable_total", "Stream entr
 
 
 def edge_key(session: str, src: str, dst: str) -> str:
-    return f"sk:{session}:e:{src}:{dst}"
+    return f"sk:{{{session}}}:e:{src}:{dst}"
 
 
 def ckpt_key(session: str) -> str:
-    return f"sk:{session}:ckpt"
+    return f"sk:{{{session}}}:ckpt"
 
 
 def work_key(stage: str) -> str:
