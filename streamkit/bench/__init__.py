@@ -1,0 +1,1 @@
+"""Benchmarks: `streamkit bench NAME` runs streamkit.bench.NAME.main(argv)."""

@@ -1,0 +1,194 @@
+"""Decode a file or URL with PyAV in a background thread, with an explicit drop policy.
+
+    source = VideoSource("clip.mp4", drop="none")       # files: every frame, decoder waits
+    source = VideoSource("rtsp://cam/1", drop="latest") # live: the consumer gets the newest frame
+    source.start()
+    while (frame := source.get()) is not None: ...      # or `await source.aget()`
+    source.stats() -> {"decoded": n, "delivered": n, "dropped": n, "policy": ...}
+    source.close()
+
+Decoding runs in its own thread with FFmpeg's frame/slice threads (thread_type AUTO), and
+PyAV releases the GIL while it decodes and converts to BGR, so the detectors and the event
+loop run alongside it. pts are the stream's own timestamps in seconds, counted from the
+first frame's pts; `index` is the decode order (so a gap in index marks dropped frames).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import threading
+import time
+from typing import Literal
+from urllib.parse import urlparse
+
+from streamkit.frames import VideoFrame
+
+DropPolicy = Literal["none", "latest"]
+
+
+def is_live_source(url: str) -> bool:
+    """Network streams and devices are live; local files (and file: URLs) are not."""
+    parsed = urlparse(str(url))
+    if parsed.scheme in ("", "file") or len(parsed.scheme) == 1:  # "C:\..." on Windows
+        return False
+    return parsed.scheme not in ("file",)
+
+
+def resolve_policy(policy: str, url: str | None = None, live: bool | None = None) -> DropPolicy:
+    if policy in ("none", "latest"):
+        return policy  # type: ignore[return-value]
+    if policy != "auto":
+        raise ValueError(f"drop policy must be auto, none or latest, got {policy!r}")
+    if live is None:
+        live = bool(url) and is_live_source(url)
+    return "latest" if live else "none"
+
+
+class VideoSource:
+    def __init__(
+        self,
+        url: str,
+        drop: str = "auto",
+        threads: bool = True,
+        buffer: int = 8,
+        realtime: bool = False,
+        options: dict[str, str] | None = None,
+    ) -> None:
+        self.url = str(url)
+        self.policy = resolve_policy(drop, self.url)
+        self.threads = threads
+        self.buffer = max(1, buffer)
+        self.realtime = realtime  # pace a file at its frame rate (simulates a live camera)
+        self.options = dict(options or {})
+        self.decoded = 0
+        self.delivered = 0
+        self.dropped = 0
+        self.fps: float | None = None
+        self.width: int | None = None
+        self.height: int | None = None
+        self.error: BaseException | None = None
+        self._items: collections.deque[VideoFrame] = collections.deque()
+        self._cond = threading.Condition()
+        self._done = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._opened = threading.Event()
+
+    # ------------------------------------------------------------ producer
+    def start(self) -> "VideoSource":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"video-capture:{self.url}", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import av
+
+        try:
+            if not is_live_source(self.url) and not os.path.exists(self.url) and not self.url.startswith("file:"):
+                raise FileNotFoundError(f"video source not found: {self.url}")
+            container = av.open(self.url, mode="r", options=self.options, timeout=10.0)
+        except Exception as exc:  # noqa: BLE001 - reported to the consumer
+            self._finish(ValueError(f"cannot open video source {self.url}: {exc}"))
+            return
+        try:
+            stream = next((s for s in container.streams if s.type == "video"), None)
+            if stream is None:
+                raise ValueError(f"{self.url} has no video stream")
+            if self.threads:
+                stream.thread_type = "AUTO"
+            rate = stream.average_rate or stream.guessed_rate
+            self.fps = float(rate) if rate else None
+            self.width, self.height = stream.codec_context.width, stream.codec_context.height
+            self._opened.set()
+            first_pts: float | None = None
+            started = time.monotonic()
+            for index, av_frame in enumerate(container.decode(stream)):
+                if self._closed:
+                    break
+                if av_frame.pts is not None and av_frame.time_base is not None:
+                    pts = float(av_frame.pts * av_frame.time_base)
+                else:
+                    pts = index / (self.fps or 30.0)
+                if first_pts is None:
+                    first_pts = pts
+                pts -= first_pts
+                if self.realtime:
+                    delay = started + pts - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                frame = VideoFrame(av_frame.to_ndarray(format="bgr24"), pts=pts, index=index)
+                self._put(frame)
+        except Exception as exc:  # noqa: BLE001
+            self._finish(ValueError(f"cannot decode video of {self.url}: {exc}"))
+            return
+        finally:
+            container.close()
+        self._finish(None)
+
+    def _put(self, frame: VideoFrame) -> None:
+        with self._cond:
+            self.decoded += 1
+            if self.policy == "latest":
+                while self._items:  # latest frame wins: what the consumer did not take is dropped
+                    self._items.popleft()
+                    self.dropped += 1
+            else:
+                self._cond.wait_for(lambda: len(self._items) < self.buffer or self._closed)
+                if self._closed:
+                    return
+            self._items.append(frame)
+            self._cond.notify_all()
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._cond:
+            self.error = error
+            self._done = True
+            self._opened.set()
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ consumer
+    def get(self, timeout: float | None = None) -> VideoFrame | None:
+        """The next frame; None at the end of the source. Raises the decode error, if any."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._items or self._done, timeout):
+                raise TimeoutError(f"no frame from {self.url} within {timeout}s")
+            if self._items:
+                frame = self._items.popleft()
+                self.delivered += 1
+                self._cond.notify_all()
+                return frame
+            if self.error is not None:
+                raise self.error
+            return None
+
+    async def aget(self) -> VideoFrame | None:
+        """get() without blocking the event loop."""
+        with self._cond:
+            if self._items:
+                frame = self._items.popleft()
+                self.delivered += 1
+                self._cond.notify_all()
+                return frame
+        return await asyncio.to_thread(self.get)
+
+    def stats(self) -> dict:
+        return {"url": self.url, "policy": self.policy, "decoded": self.decoded,
+                "delivered": self.delivered, "dropped": self.dropped}
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def __iter__(self):
+        self.start()
+        try:
+            while (frame := self.get()) is not None:
+                yield frame
+        finally:
+            self.close()
