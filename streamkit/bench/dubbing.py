@@ -1,0 +1,88 @@
+"""streamkit bench dubbing: English hibari speech through vad -> asr -> llm (translate) -> tts at
+real-time pace; latency from the end of each utterance's voiced audio to the first byte of its
+dubbed audio (p50/p95), plus the ASR final and the first translated piece on the way."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="streamkit bench dubbing", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
+    ap.add_argument("--sentences", type=int, default=8, help="how many of the fixed sentences")
+    ap.add_argument("--gap", type=float, default=2.5, help="silence between sentences (s)")
+    ap.add_argument("--pipeline", default=str(Path(__file__).resolve().parents[2] / "pipelines" / "dubbing.yaml"))
+    args = ap.parse_args(argv)
+    return asyncio.run(_run(args))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from streamkit.bench._speech import log, match_finals, percentile, run_paced
+    from streamkit.frames import AudioFrame, TextFrame
+    from streamkit.pipeline import load_pipeline
+    from streamkit.speech import corpus
+
+    spec = load_pipeline(args.pipeline)
+    texts = corpus.sentences()[: args.sentences]
+    log(f"bench dubbing: synthesising {len(texts)} sentences")
+    audio, spans = corpus.speech_stream(texts, gap_s=args.gap)
+
+    log("bench dubbing: loading models (whisper, hibari, engine)")
+    from streamkit.engine import SamplingParams, get_engine
+    from streamkit.speech import whisper
+    from streamkit.speech.synth import get_hibari, synthesize_sentence
+
+    llm_cfg = next(s for s in spec.stages if s.type == "llm")
+    asr_cfg = next(s for s in spec.stages if s.type == "asr")
+    engine = get_engine(model_path=getattr(llm_cfg, "model", None))
+    await engine.complete("Hello", SamplingParams(max_tokens=4))
+    model = whisper.get_whisper(asr_cfg.model, asr_cfg.cpu_threads, asr_cfg.compute_type)
+    whisper.WindowDecoder(model).decode(audio[:32000])
+    synthesize_sentence(get_hibari("heart"), "Warm up.")
+
+    log(f"bench dubbing: streaming {len(audio) / 16000:.1f} s at real-time pace")
+    out, _wall = await run_paced(spec, audio)
+    asr_name, llm_name = asr_cfg.name, llm_cfg.name
+    tts_name = next(s.name for s in spec.stages if s.type == "tts")
+    finals = [(c, f) for c, f in out if isinstance(f, TextFrame) and f.final and f.source == asr_name]
+    per = match_finals(finals, spans)
+    first_audio, first_text, final_lat = [], [], []
+    translations = []
+    for (start, voiced_end, _end), items in zip(spans, per):
+        if not items:
+            continue
+        utts = {f.utterance for _, f in items}
+        final_lat.append((max(c for c, _ in items) - voiced_end) * 1000)
+        pieces = [c for c, f in out if isinstance(f, TextFrame) and f.source == llm_name and not f.final
+                  and f.utterance in utts]
+        text = " ".join(f.text for c, f in out if isinstance(f, TextFrame) and f.source == llm_name and f.final
+                        and f.utterance in utts)
+        translations.append(text)
+        if not pieces:
+            continue
+        first_text.append((min(pieces) - voiced_end) * 1000)
+        audio_after = [c for c, f in out if isinstance(f, AudioFrame) and f.source == tts_name and c >= min(pieces)]
+        if audio_after:
+            first_audio.append((min(audio_after) - voiced_end) * 1000)
+    result = {
+        "utterances": len(texts),
+        "first_audio_ms_p50": round(percentile(first_audio, 50), 1),
+        "first_audio_ms_p95": round(percentile(first_audio, 95), 1),
+        "asr_final_ms_p50": round(percentile(final_lat, 50), 1),
+        "first_text_ms_p50": round(percentile(first_text, 50), 1),
+        "dubbed_utterances": len(first_audio),
+    }
+    for t, tr in zip(texts, translations):
+        log(f"  {t}\n   -> {tr}")
+    log(f"bench dubbing: first audio p50 {result['first_audio_ms_p50']} ms, p95 {result['first_audio_ms_p95']} ms "
+        f"(asr final p50 {result['asr_final_ms_p50']} ms, first translated piece p50 {result['first_text_ms_p50']} ms)")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+    return 0

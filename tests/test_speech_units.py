@@ -1,0 +1,93 @@
+"""Speech logic without models: WER, LocalAgreement, sentence splitting, PCM decoding."""
+
+import numpy as np
+import pytest
+
+from streamkit.speech.agreement import HypothesisBuffer, TimedWord, join_words
+from streamkit.speech.synth import SentenceSplitter, packaged_voice
+from streamkit.speech.wer import corpus_wer, normalize, wer
+from streamkit.stages.capture import pcm_to_frame
+
+
+def words(text, start=0.0, step=0.3):
+    return [TimedWord(" " + w, start + i * step, start + (i + 1) * step) for i, w in enumerate(text.split())]
+
+
+def test_normalize_and_wer():
+    assert normalize("The train leaves at Seven O'Clock!") == ["the", "train", "leaves", "at", "7", "oclock"]
+    assert wer("the cat sat", "The cat, sat.") == 0.0
+    assert wer("the cat sat", "the cat") == pytest.approx(1 / 3)
+    assert corpus_wer(["a b", "c d"], ["a b"]) == 0.5
+
+
+def test_agreement_commits_common_prefix_only():
+    hb = HypothesisBuffer()
+    assert hb.insert(words("the quick brown")) == []
+    got = hb.insert(words("the quick brown fox jumps"))
+    assert [w.key for w in got] == ["the", "quick", "brown"]
+    assert [w.key for w in hb.insert(words("the quick brown fox leaps over"))] == ["fox"]
+    hb.finish(words("the quick brown fox jumps over the dog"))
+    assert join_words(hb.committed) == "the quick brown fox jumps over the dog"
+
+
+def test_agreement_no_repeat_at_window_cut():
+    hb = HypothesisBuffer()
+    hb.insert(words("one two three four"))
+    hb.insert(words("one two three four five"))
+    assert join_words(hb.committed) == "one two three four"
+    # the window was cut after "four" (t=1.2); a new decode re-hears "three four" with
+    # slightly shifted times: they must not be committed twice
+    later = [TimedWord(" three", 1.05, 1.15), TimedWord(" four", 1.15, 1.3), TimedWord(" five", 1.3, 1.6)]
+    hb.insert(later)
+    hb.finish(later + [TimedWord(" six", 1.6, 1.9)])
+    assert join_words(hb.committed) == "one two three four five six"
+
+
+def test_sentence_splitter_streams_sentences():
+    sp = SentenceSplitter(first_min_chars=1000)
+    out = []
+    for piece in ["Hola. ", "Me llamo", " Ana. Vivo en", " Madrid, con el Dr. Pérez."]:
+        out += sp.feed(piece)
+    assert out == ["Hola.", "Me llamo Ana."]
+    assert sp.flush() == ["Vivo en Madrid, con el Dr. Pérez."]
+
+
+def test_sentence_splitter_cuts_first_clause_early():
+    sp = SentenceSplitter(first_min_chars=20)
+    assert sp.feed("Well, the weather today is lovely, and ") == ["Well, the weather today is lovely,"]
+    assert sp.feed("tomorrow it rains") == []  # later pieces wait for a sentence end
+
+
+def test_pcm_to_frame():
+    pcm = (np.array([0, 16384, -16384, 32767], "<i2")).tobytes()
+    f = pcm_to_frame(pcm, 16000)
+    assert f.sample_rate == 16000 and np.allclose(f.samples, [0, 0.5, -0.5, 32767 / 32768])
+    st = pcm_to_frame(np.zeros(8, "<f4").tobytes(), 48000, channels=2, fmt="f32le")
+    assert st.samples.shape == (4, 2)
+    with pytest.raises(ValueError):
+        pcm_to_frame(b"\x00\x01\x02", 16000)
+
+
+def test_voice_names():
+    assert packaged_voice("af_heart") == "heart"
+    with pytest.raises(ValueError):
+        packaged_voice("no_such_voice")
+
+
+def test_sentence_splitter_first_piece_word_boundary():
+    sp = SentenceSplitter(first_min_chars=1000, first_max_chars=20)
+    out = sp.feed("El libro de la casa grande es")
+    assert out == ["El libro de la casa"]
+    assert sp.feed(" muy bonito y") == []  # after the first piece: whole sentences
+    assert sp.feed(" viejo. Hola") == ["grande es muy bonito y viejo."]
+
+
+def test_vad_ignores_clicks_and_silence():
+    from streamkit.speech.vad import Segmenter
+
+    seg = Segmenter(min_speech_ms=96)
+    rng = np.random.default_rng(0)
+    audio = np.zeros(16000 * 2, np.float32)
+    audio[16000:16000 + 400] = rng.standard_normal(400).astype(np.float32) * 0.5  # a 25 ms click
+    events = seg.process(audio) + seg.flush()
+    assert [k for k, _ in events if k != "audio"] == []
