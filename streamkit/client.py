@@ -23,6 +23,8 @@ import numpy as np
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from streamkit.frames import float_to_s16le
+
 KIND_AUDIO = b"\x01"
 KIND_VIDEO = b"\x02"
 
@@ -131,7 +133,7 @@ class StreamClient:
     async def send_audio(self, audio: np.ndarray | bytes) -> None:
         if isinstance(audio, np.ndarray):
             self.result.audio_sent_s += audio.shape[0] / self.sample_rate
-            audio = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+            audio = float_to_s16le(audio)
         else:
             self.result.audio_sent_s += len(audio) / (2 * self.channels * self.sample_rate)
         self._mark_sent()

@@ -21,6 +21,12 @@ class FrameDecodeError(ValueError):
     """A wire frame could not be decoded; the message says what was wrong."""
 
 
+def float_to_s16le(samples: np.ndarray) -> bytes:
+    """float32 in [-1, 1] to 16-bit PCM: the inverse of from_s16le (x * 32768), so PCM that came
+    in goes out bit for bit; out-of-range samples clip."""
+    return np.clip(np.round(np.asarray(samples) * 32768.0), -32768, 32767).astype("<i2").tobytes()
+
+
 @dataclass(eq=False)
 class AudioFrame:
     samples: np.ndarray
@@ -58,8 +64,7 @@ class AudioFrame:
         return self.samples if self.channels == 1 else self.samples.mean(axis=1)
 
     def to_s16le(self) -> bytes:
-        # the inverse of from_s16le: x * 32768, so PCM that came in goes out bit for bit
-        return np.clip(np.round(self.samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
+        return float_to_s16le(self.samples)
 
     @classmethod
     def from_s16le(

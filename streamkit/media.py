@@ -12,7 +12,7 @@ import av
 import numpy as np
 
 from streamkit.audio import StreamResampler
-from streamkit.frames import AudioFrame, VideoFrame
+from streamkit.frames import AudioFrame, VideoFrame, float_to_s16le
 
 F = TypeVar("F", AudioFrame, VideoFrame)
 
@@ -105,12 +105,12 @@ def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
     """16-bit PCM WAV, mono or (n, channels)."""
     samples = np.asarray(samples, dtype=np.float32)
     channels = 1 if samples.ndim == 1 else samples.shape[1]
-    pcm = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")
+    pcm = float_to_s16le(samples)
     with wave.open(str(path), "wb") as w:
         w.setnchannels(channels)
         w.setsampwidth(2)
         w.setframerate(sample_rate)
-        w.writeframes(pcm.tobytes())
+        w.writeframes(pcm)
 
 
 def iter_video(source: str | Path, threads: bool = True) -> Iterator[VideoFrame]:

@@ -51,6 +51,10 @@ class StageStats:
                 "latency_ms_p50": round(p50, 2), "latency_ms_last": round(self.last_latency_ms, 2)}
 
 
+def _is_interrupt(frame: Frame) -> bool:
+    return isinstance(frame, Control) and frame.control is ControlKind.INTERRUPT
+
+
 def error_event(stage: str, code: str, message: str) -> EventFrame:
     return EventFrame("error", {"stage": stage, "code": code, "message": message}, source=stage)
 
@@ -89,7 +93,8 @@ class StageHost:
     async def _emit(self, frame: Frame) -> None:
         for out in self.downstream:
             await out.put(frame)
-        if self.to_sink and frame.source == self.stage.name:
+        if self.to_sink and (frame.source == self.stage.name or _is_interrupt(frame)):
+            # interrupts reach the session output too, so a client drops audio it has queued
             await self.sink.put(frame)
         self.stats.frames_out += 1
         FRAMES_OUT.inc(**self._labels)
@@ -283,7 +288,9 @@ class Session:
         await self.push(Control(ControlKind.INTERRUPT))
 
     async def next_output(self) -> Frame | None:
-        """The next output frame, or None once every stage has finished."""
+        """The next output frame, or None once every stage has finished. Besides what output
+        stages produce, an INTERRUPT that passed through the pipeline comes out once per
+        output stage it reached."""
         while not self._finished:
             frame = (await self.wiring.sink.get()).frame
             if isinstance(frame, Control) and frame.control is ControlKind.EOS:

@@ -121,6 +121,7 @@ async def test_interrupt_cancels_in_flight_work_immediately():
     # "two" may already be on its way; the other six words are never produced
     assert len(words) <= 1
     assert session.hosts["talk"].stage.interrupted == 1
+    assert [f.control for f in rest if isinstance(f, Control)] == [ControlKind.INTERRUPT]  # reaches the client
 
 
 async def test_backpressure_blocks_the_producer_instead_of_growing_queues():

@@ -221,6 +221,10 @@ async def test_assistant_barge_in_cancels_answer(engine):
     late += [t for t, f in got if t > barge_at + 0.2 and isinstance(f, TextFrame) and f.source == "answer"
              and f.utterance == 0]
     assert not late, f"the interrupted answer went on {max(late) - barge_at:.3f} s after the user spoke"
+    # the interrupt itself comes out too, so a client drops the answer audio it has queued
+    from streamkit.frames import Control, ControlKind
+
+    assert any(isinstance(f, Control) and f.control is ControlKind.INTERRUPT for _, f in got)
     await session.end()
     await collector
     await session.close()

@@ -291,3 +291,117 @@ def test_detect_config_errors_are_reported():
     text = yaml.safe_dump({"name": "x", "stages": [{"name": "d", "type": "detect", "detectors": ["cars"]}]})
     with pytest.raises(PipelineError):
         parse_pipeline(text)
+
+
+def test_merge_rects_and_dedupe():
+    from streamkit.video.detectors import dedupe, merge_rects
+
+    # overlapping, and merging costs no more than searching apart: one box
+    assert merge_rects([(0, 0, 100, 100), (50, 0, 150, 100)]) == [(0, 0, 150, 100)]
+    # touching at a corner only: the bounding box would be far bigger, so they stay apart
+    assert sorted(merge_rects([(0, 0, 100, 100), (90, 90, 300, 300)])) == [(0, 0, 100, 100), (90, 90, 300, 300)]
+    assert merge_rects([(0, 0, 10, 10), (40, 0, 50, 10)], gap=0) == [(0, 0, 10, 10), (40, 0, 50, 10)]
+    objs = [{"label": "face", "box": [10, 10, 50, 50], "score": 0.6},
+            {"label": "face", "box": [12, 11, 50, 50], "score": 0.8},
+            {"label": "person", "box": [12, 11, 50, 50], "score": 0.7}]
+    kept = dedupe(objs)
+    assert [(o["label"], o["score"]) for o in kept] == [("face", 0.8), ("person", 0.7)]
+
+
+@pytest.mark.skipif(face_image_path() is None, reason="no face photograph installed (scikit-image ships one)")
+def test_face_search_in_regions_only(clip):
+    _, truth, frames = clip
+    face = HaarFaceDetector(width=640)
+    region = truth.frames[0]["boxes"]["face_region"]
+    x, y, w, h = region
+    whole = face.detect(frames[0].image)
+    inside = face.detect(frames[0].image, rois=[(x - 10, y - 10, x + w + 10, y + h + 10)])
+    assert len(inside) == 1 and iou(inside[0]["box"], whole[0]["box"]) > 0.8
+    # a region elsewhere finds nothing; a size limit that excludes the face finds nothing
+    assert face.detect(frames[0].image, rois=[(0, 0, 200, 150)]) == []
+    side = whole[0]["box"][2]
+    assert face.detect(frames[0].image, rois=[(x - 10, y - 10, x + w + 10, y + h + 10)],
+                       sizes=[(side * 2, side * 3)]) == []
+
+
+def _moving_face_frames(n=12, enter_at=4):
+    """A textured 640x360 scene; a face (held still for the first frames) and, from frame
+    `enter_at`, a second face sliding in from the right edge."""
+    import cv2
+
+    from streamkit.video.synth import face_image
+
+    rng = np.random.default_rng(1)
+    bg = cv2.resize(rng.integers(40, 200, (23, 40, 3), dtype=np.uint8), (640, 360), interpolation=cv2.INTER_CUBIC)
+    face = face_image(height=120)
+    fh, fw = face.shape[:2]
+    frames, truth = [], []
+    for i in range(n):
+        img = bg.copy()
+        boxes = [[40, 200 - fh // 2 + 10, fw, fh]]
+        img[boxes[0][1]:boxes[0][1] + fh, 40:40 + fw] = face
+        if i >= enter_at:
+            x = 640 - fw - 30 * (i - enter_at)  # 30 px a sample towards the left
+            img[40:40 + fh, x:x + fw] = face
+            boxes.append([x, 40, fw, fh])
+        frames.append(img)
+        truth.append(boxes)
+    return frames, truth
+
+
+@pytest.mark.skipif(face_image_path() is None, reason="no face photograph installed (scikit-image ships one)")
+def test_region_tracking_keeps_face_recall():
+    """Whole-frame search only on the first frame: the still face is followed in its region,
+    the face that slides in is found in the motion region, exactly as whole-frame search
+    finds them on every frame."""
+    from streamkit.video.detectors import Pyramid, RegionTracker
+
+    frames, truth = _moving_face_frames()
+    whole = HaarFaceDetector(width=640)
+    tracked = RegionTracker(HaarFaceDetector(width=640), full_every=1000)
+    motion = MotionDetector()
+    for i, img in enumerate(frames):
+        pyr = Pyramid(img)
+        got = tracked.detect(pyr, motion.detect(pyr))
+        ref = whole.detect(img)
+        assert len(ref) == len(truth[i]), (i, ref)  # the reference finds every face
+        assert len(got) == len(ref), (i, got, ref)
+        for r in ref:
+            assert any(iou(r["box"], g["box"]) > 0.6 for g in got), (i, r, got)
+        for box in truth[i]:
+            assert any(contains(box, g["box"], slack=12) for g in got), (i, box, got)
+    assert tracked.stats() == {"full": 1, "regions": len(frames) - 1, "skipped": 0}
+    # without motion information every frame is a whole-frame search
+    plain = RegionTracker(HaarFaceDetector(width=640), full_every=1000)
+    for img in frames[:3]:
+        plain.detect(img, None)
+    assert plain.stats()["full"] == 3
+    # a cut (reset) makes the next frame a whole-frame search again
+    tracked.reset()
+    tracked.detect(Pyramid(frames[0]), [])
+    assert tracked.stats()["full"] == 2
+
+
+@pytest.mark.skipif(face_image_path() is None, reason="no face photograph installed (scikit-image ships one)")
+async def test_pipeline_tracked_faces_match_whole_frame_search(clip):
+    """The pipeline's face detections (region-tracked, whole frame every full_every) are the
+    ones whole-frame search gives on every analysed frame of the test clip."""
+    path, truth, frames = clip
+
+    async def faces(full_every):
+        spec = _spec(detect={"face": {"width": 640, "min_neighbors": 5, "full_every": full_every}})
+        session = await Session.open(spec, MemoryTransport())
+        out = await asyncio.wait_for(session.run_to_end(frames), 120)
+        dets = [f for f in out if isinstance(f, EventFrame) and f.name == "detections"]
+        stats = session.hosts["detect"].stage.stats()
+        await session.close()
+        return [[o["box"] for o in d.data["objects"] if o["label"] == "face"] for d in dets], stats
+
+    tracked, stats = await faces(15)
+    whole, whole_stats = await faces(1)
+    assert stats["face"]["regions"] > 0 and whole_stats["face"]["regions"] == 0
+    assert len(tracked) == len(whole) == 20
+    region = truth.frames[0]["boxes"]["face_region"]
+    for t, w in zip(tracked, whole):
+        assert len(t) == len(w) == 1, (t, w)
+        assert iou(t[0], w[0]) > 0.8 and contains(region, t[0])

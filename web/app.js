@@ -118,7 +118,10 @@ function onEvent(ev) {
     case 'metrics': onMetrics(ev); break;
     case 'error': S.errors.push(ev); log(`error ${ev.code}: ${ev.message}`); break;
     case 'end': log('end'); setStatus('ended', 'idle'); break;
-    case 'event': if (ev.name !== 'speech_pause' && ev.name !== 'speech_resume') log(`${ev.name} ${JSON.stringify(ev.data)}`); break;
+    case 'event':
+      if (ev.name === 'interrupt') S.play.flush(); // barge-in: drop the answer's queued audio
+      if (ev.name !== 'speech_pause' && ev.name !== 'speech_resume') log(`${ev.name} ${JSON.stringify(ev.data)}`);
+      break;
     default: log(JSON.stringify(ev));
   }
 }
@@ -152,7 +155,7 @@ function onText(ev) {
 
 // ------------------------------------------------------------------ audio out (gapless)
 class Player {
-  constructor() { this.ctx = null; this.rate = 24000; this.next = 0; this.level = 0; }
+  constructor() { this.ctx = null; this.rate = 24000; this.next = 0; this.level = 0; this.sources = new Set(); }
   push(pcm) {
     if (!$('play').checked) return;
     if (!this.ctx) this.ctx = new AudioContext({ sampleRate: this.rate });
@@ -165,6 +168,13 @@ class Player {
     if (this.next < now + 0.02) this.next = now + 0.08; // (re)start with a small jitter buffer
     src.start(this.next);
     this.next += buf.duration;
+    this.sources.add(src);
+    src.onended = () => this.sources.delete(src);
+  }
+  flush() {
+    for (const src of this.sources) { try { src.stop(); } catch (e) { /* already stopped */ } }
+    this.sources.clear();
+    this.next = 0;
   }
   close() { if (this.ctx) this.ctx.close(); this.ctx = null; }
 }

@@ -27,7 +27,7 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed
 
 from streamkit.audio import StreamResampler
-from streamkit.frames import AudioFrame, EventFrame, TextFrame, VideoFrame
+from streamkit.frames import AudioFrame, Control, ControlKind, EventFrame, TextFrame, VideoFrame, float_to_s16le
 from streamkit.metrics import FRAMES_DROPPED
 from streamkit.server import metrics as M
 from streamkit.server import protocol as P
@@ -138,6 +138,7 @@ class Connection:
         self.video_slot: bytes | None = None
         self.video_event = asyncio.Event()
         self.video_index = 0
+        self.last_interrupt_pts: float | None = None
         self.video_busy = False
         self.started_mono = 0.0
         # output state
@@ -291,7 +292,8 @@ class Connection:
             self.asr_stages = {s.name for s in spec.stages if s.type == "asr"}
             from streamkit.runtime import Session
 
-            self.session = await Session.open(spec, self.server.transport(), params=msg.params)
+            # websocket input is live: stages that drop by policy (video capture) use latest-frame-wins
+            self.session = await Session.open(spec, self.server.transport(), params={"live": True, **msg.params})
         except Exception as exc:
             self.state = "idle"
             self.session = None
@@ -416,12 +418,20 @@ class Connection:
             else:
                 await self.send_event({"type": "event", "name": frame.name, "source": frame.source,
                                        "pts": P._num(frame.pts), "data": P.jsonable(data)})
-        # Control and VideoFrame outputs are not part of the protocol
+        elif isinstance(frame, Control) and frame.control is ControlKind.INTERRUPT:
+            # additive extension: the user barged in; clients drop the audio they have queued.
+            # Each output stage forwards the same interrupt: tell the client once.
+            if frame.pts == self.last_interrupt_pts:
+                return
+            self.last_interrupt_pts = frame.pts
+            await self.send_event({"type": "event", "name": "interrupt", "source": frame.source,
+                                   "pts": P._num(frame.pts), "data": {}})
+        # other Control frames and VideoFrame outputs are not part of the protocol
 
     async def _send_audio(self, samples: np.ndarray) -> None:
         if samples.size == 0:
             return
-        pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+        pcm = float_to_s16le(samples)
         for i in range(0, len(pcm), AUDIO_CHUNK_BYTES):
             await self.out.put(P.audio_message(pcm[i:i + AUDIO_CHUNK_BYTES]))
         self.counters["audio_out_samples"] += samples.size

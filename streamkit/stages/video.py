@@ -236,6 +236,9 @@ class FaceOptions(BaseModel):
     min_neighbors: int = Field(default=5, ge=0)
     min_size: int = Field(default=24, ge=8)
     cascade: str = "haarcascade_frontalface_default.xml"
+    # with motion among the detectors: a whole-frame pass every `full_every` analysed frames,
+    # in between only around recent faces and motion regions (1 = always the whole frame)
+    full_every: int = Field(default=15, ge=1, le=10_000)
 
 
 class PersonOptions(BaseModel):
@@ -245,6 +248,7 @@ class PersonOptions(BaseModel):
     scale: float = Field(default=1.1, gt=1.0, le=2.0)
     hit_threshold: float = 0.0
     min_score: float = Field(default=0.5, ge=0, le=1)
+    full_every: int = Field(default=25, ge=1, le=10_000)  # as for faces
 
 
 class MotionOptions(BaseModel):
@@ -273,8 +277,11 @@ class Detect(Stage):
     Emits, for every VideoFrame it receives, `EventFrame("detections", {"pts", "objects":
     [{"label", "box": [x, y, w, h], "score"}], "width", "height"})` in source pixels.
     Frames are grouped into batches of `batch_size` (a batch also closes when its first
-    frame is `max_batch_delay_s` older than the newest); detection runs in a worker thread
-    (OpenCV and onnxruntime release the GIL), so decoding goes on meanwhile."""
+    frame is `max_batch_delay_s` older than the newest); detection runs in worker threads
+    (OpenCV and onnxruntime release the GIL), so decoding goes on meanwhile. With `motion`
+    among the detectors, faces and people are region-tracked: the whole frame every
+    `full_every` analysed frames and after each scene cut, otherwise only around recent
+    finds and this frame's motion regions (see streamkit.video.detectors.RegionTracker)."""
 
     class Config(StageConfig):
         type: Literal["detect"] = "detect"
@@ -304,17 +311,32 @@ class Detect(Stage):
     async def start(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from streamkit.video.detectors import MotionDetector
+        from streamkit.video.detectors import MotionDetector, RegionTracker
 
         self._batch: list[VideoFrame] = []
         self._pending: collections.deque[tuple[list[VideoFrame], Any]] = collections.deque()
         self.detectors = await asyncio.to_thread(self._build)
-        # order-dependent detectors (motion compares with the previous frame) run on one
-        # thread, first in first out; the others on `workers` threads, batches in parallel
-        self._ordered = [d for d in self.detectors if isinstance(d, MotionDetector)]
-        self._parallel = [d for d in self.detectors if not isinstance(d, MotionDetector)]
-        self._pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix=f"detect-{self.name}")
-        self._serial = ThreadPoolExecutor(1, thread_name_prefix=f"detect-{self.name}-ordered")
+        c = self.config
+        # motion (it compares with the previous analysed frame) runs on its own FIFO thread;
+        # faces and people are region-tracked (order-dependent too), each on its own FIFO
+        # thread, so the two run at the same time, after the same frame's motion; stateless
+        # detectors (onnx) run on `workers` threads, batches in parallel
+        self._motion = next((d for d in self.detectors if isinstance(d, MotionDetector)), None)
+        self._tracked: dict[str, Any] = {}
+        self._parallel: list[Any] = []
+        for kind, det in zip(c.detectors, self.detectors):
+            if kind in ("face", "person"):
+                self._tracked[kind] = RegionTracker(det, full_every=getattr(c, kind).full_every)
+            elif kind == "onnx":
+                self._parallel.append(det)
+        widths = [w for w in (c.face.width if "face" in c.detectors else None,
+                              c.person.width if "person" in c.detectors else None,
+                              c.motion.width if "motion" in c.detectors else None) if w]
+        self._widths = sorted(set(widths), reverse=True)  # pyramid levels, largest first
+        prefix = f"detect-{self.name}"
+        self._pool = ThreadPoolExecutor(c.workers, thread_name_prefix=prefix)
+        self._serial = ThreadPoolExecutor(1, thread_name_prefix=f"{prefix}-motion")
+        self._track_exec = {k: ThreadPoolExecutor(1, thread_name_prefix=f"{prefix}-{k}") for k in self._tracked}
 
     def _build(self) -> list[Any]:
         from streamkit.resources import shared
@@ -328,9 +350,9 @@ class Detect(Stage):
         built: list[Any] = []
         for kind in c.detectors:
             if kind == "face":
-                built.append(d.HaarFaceDetector(**c.face.model_dump()))
+                built.append(d.HaarFaceDetector(**c.face.model_dump(exclude={"full_every"})))
             elif kind == "person":
-                built.append(d.HogPeopleDetector(**c.person.model_dump()))
+                built.append(d.HogPeopleDetector(**c.person.model_dump(exclude={"full_every"})))
             elif kind == "motion":
                 built.append(d.MotionDetector(**c.motion.model_dump()))
             elif kind == "onnx":
@@ -343,11 +365,14 @@ class Detect(Stage):
         if isinstance(frame, EventFrame):
             if frame.name == "scene_change":
                 # a cut is not motion: what came before is compared with the old scene, then reset
+                # (and the trackers search the whole of the new scene's first frame)
                 self._submit()
                 async for out in self._drain(0):
                     yield out
                 for det in self.detectors:
                     det.reset()
+                for tracker in self._tracked.values():
+                    tracker.reset()
             yield replace(frame, data={**frame.data, "stage": frame.data.get("stage", frame.source)})
             return
         assert isinstance(frame, VideoFrame)
@@ -357,20 +382,35 @@ class Detect(Stage):
         async for out in self._drain(self.config.workers - 1):
             yield out
 
+    def _motion_job(self, images: list[Any]) -> list[list[dict[str, Any]]]:
+        for im in images:  # downscaled copies, each from the next larger one
+            for w in self._widths:
+                im.at(w)
+        return [self._motion.detect(im) for im in images]
+
+    @staticmethod
+    def _tracked_job(tracker: Any, images: list[Any], motion: Any) -> list[list[dict[str, Any]]]:
+        regions = motion.result() if motion is not None else [None] * len(images)
+        return [tracker.detect(im, regions[i]) for i, im in enumerate(images)]
+
     def _submit(self) -> None:
         from streamkit.video.detectors import Pyramid, detect_all
 
         batch, self._batch = self._batch, []
         if not batch:
             return
-        loop = asyncio.get_running_loop()
         images = [Pyramid(f.image) for f in batch]
-        jobs = []
+        jobs: dict[str, Any] = {}
+        motion = self._serial.submit(self._motion_job, images) if self._motion is not None else None
+        if motion is not None:
+            jobs["motion"] = motion
+        for kind, tracker in self._tracked.items():
+            jobs[kind] = self._track_exec[kind].submit(self._tracked_job, tracker, images, motion)
         if self._parallel:
-            jobs.append(loop.run_in_executor(self._pool, detect_all, self._parallel, images))
-        if self._ordered:
-            jobs.append(loop.run_in_executor(self._serial, detect_all, self._ordered, images))
-        self._pending.append((batch, asyncio.gather(*jobs)))
+            jobs["onnx"] = self._pool.submit(detect_all, self._parallel, images)
+        order = [k for k in dict.fromkeys(self.config.detectors) if k in jobs]
+        futures = [asyncio.wrap_future(jobs[k]) for k in order]
+        self._pending.append((batch, asyncio.gather(*futures)))
 
     async def _drain(self, keep: int) -> AsyncIterator[Frame]:
         """Emit finished batches in order; wait while more than `keep` are in flight."""
@@ -383,6 +423,9 @@ class Detect(Stage):
                 yield EventFrame("detections", {"pts": frame.pts, "objects": objects,
                                                 "width": frame.width, "height": frame.height}, pts=frame.pts)
 
+    def stats(self) -> dict[str, Any]:
+        return {kind: t.stats() for kind, t in getattr(self, "_tracked", {}).items()}
+
     async def flush(self) -> AsyncIterator[Frame]:
         self._submit()
         async for out in self._drain(0):
@@ -393,7 +436,8 @@ class Detect(Stage):
         self._pending.clear()
 
     async def stop(self) -> None:
-        for pool in (getattr(self, "_pool", None), getattr(self, "_serial", None)):
+        pools = [getattr(self, "_pool", None), getattr(self, "_serial", None), *getattr(self, "_track_exec", {}).values()]
+        for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
 

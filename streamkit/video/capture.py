@@ -46,6 +46,11 @@ def resolve_policy(policy: str, url: str | None = None, live: bool | None = None
     return "latest" if live else "none"
 
 
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class VideoSource:
     def __init__(
         self,
@@ -75,6 +80,7 @@ class VideoSource:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._opened = threading.Event()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None  # an aget() waiting
 
     # ------------------------------------------------------------ producer
     def start(self) -> "VideoSource":
@@ -141,6 +147,7 @@ class VideoSource:
                     return
             self._items.append(frame)
             self._cond.notify_all()
+            self._wake()
 
     def _finish(self, error: BaseException | None) -> None:
         with self._cond:
@@ -148,6 +155,17 @@ class VideoSource:
             self._done = True
             self._opened.set()
             self._cond.notify_all()
+            self._wake()
+
+    def _wake(self) -> None:
+        """Under the lock: resolve a waiting aget()'s future on its event loop."""
+        if self._waiter is not None:
+            loop, fut = self._waiter
+            self._waiter = None
+            try:
+                loop.call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:  # that loop is closed
+                pass
 
     # ------------------------------------------------------------ consumer
     def get(self, timeout: float | None = None) -> VideoFrame | None:
@@ -165,14 +183,28 @@ class VideoSource:
             return None
 
     async def aget(self) -> VideoFrame | None:
-        """get() without blocking the event loop."""
-        with self._cond:
-            if self._items:
-                frame = self._items.popleft()
-                self.delivered += 1
-                self._cond.notify_all()
-                return frame
-        return await asyncio.to_thread(self.get)
+        """get() without blocking the event loop: the decode thread wakes the waiting
+        coroutine through the loop (no thread hop per frame)."""
+        while True:
+            with self._cond:
+                if self._items:
+                    frame = self._items.popleft()
+                    self.delivered += 1
+                    self._cond.notify_all()
+                    return frame
+                if self._done:
+                    if self.error is not None:
+                        raise self.error
+                    return None
+                loop = asyncio.get_running_loop()
+                fut = loop.create_future()
+                self._waiter = (loop, fut)
+            try:
+                await fut
+            finally:
+                with self._cond:
+                    if self._waiter is not None and self._waiter[1] is fut:
+                        self._waiter = None
 
     def stats(self) -> dict:
         return {"url": self.url, "policy": self.policy, "decoded": self.decoded,

