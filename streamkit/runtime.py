@@ -62,9 +62,9 @@ def error_event(stage: str, code: str, message: str) -> EventFrame:
 class StageHost:
     """Runs one stage for one session.
 
-    With `concurrent=True` (in-process transport) the host keeps reading its inbox while the stage
-    works on a frame, so an INTERRUPT cancels in-flight work at once and frames the stage does not
-    want pass straight through. Over Redis hosts run strictly in order, which is what makes a
+    With `concurrent=True` (in-process transport) the host of an interruptible stage keeps reading
+    its inbox while the stage works on a frame, so an INTERRUPT cancels in-flight work at once and
+    frames the stage does not want pass straight through. Over Redis hosts run strictly in order, which is what makes a
     replacement worker's replay produce exactly the same outputs."""
 
     def __init__(
@@ -184,7 +184,7 @@ class StageHost:
                     await self._emit(frame)
                     await self._ack(delivery.token)
                     continue
-                if not self.concurrent:
+                if not (self.concurrent and self.stage.interruptible):
                     await self._process(frame)
                     await self._ack(delivery.token)
                     continue

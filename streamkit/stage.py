@@ -70,6 +70,11 @@ class Stage:
     # has emitted; on Redis, inputs are acknowledged only then, so a replacement worker can
     # rebuild the state by replaying what is still pending. Stateless stages are acked per input.
     stateful: ClassVar[bool] = False
+    # An interruptible stage does long work per frame (generating, speaking): in-process, the
+    # runtime keeps reading its inbox meanwhile, cancels the work when an INTERRUPT arrives and
+    # lets frames the stage does not want pass it. Others handle every frame strictly in order,
+    # which costs no extra tasks per frame and never cuts a frame's processing short.
+    interruptible: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig, context: StageContext) -> None:
         self.config = config

@@ -72,6 +72,7 @@ class SlowWords(Stage):
         delay: float = 0.05
 
     accepts = (TextFrame,)
+    interruptible = True
 
     async def start(self) -> None:
         self.interrupted = 0
@@ -122,6 +123,29 @@ async def test_interrupt_cancels_in_flight_work_immediately():
     assert len(words) <= 1
     assert session.hosts["talk"].stage.interrupted == 1
     assert [f.control for f in rest if isinstance(f, Control)] == [ControlKind.INTERRUPT]  # reaches the client
+
+
+@register_stage("test_slow_words_strict")
+class StrictSlowWords(SlowWords):
+    class Config(StageConfig):
+        type: Literal["test_slow_words_strict"] = "test_slow_words_strict"
+        delay: float = 0.05
+
+    interruptible = False
+
+
+async def test_interrupt_never_cuts_a_non_interruptible_stage_short():
+    spec = parse_pipeline("name: t\nstages:\n  - {name: talk, type: test_slow_words_strict, delay: 0.05}\n")
+    session = await Session.open(spec, MemoryTransport())
+    await session.push(TextFrame("one two three four"))
+    await session.interrupt()
+    await session.end()
+    out = [f async for f in session.outputs()]
+    await session.close()
+    # the interrupt is handled after the frame in front of it, in order
+    assert [f.text if isinstance(f, TextFrame) else f.control for f in out] == [
+        "one", "two", "three", "four", ControlKind.INTERRUPT]
+    assert session.hosts["talk"].stage.interrupted == 1
 
 
 async def test_backpressure_blocks_the_producer_instead_of_growing_queues():

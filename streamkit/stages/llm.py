@@ -76,6 +76,8 @@ class LLM(Stage):
         stop: list[str] = Field(default_factory=list)
         seed: int | None = None
 
+    interruptible = True  # long generation per frame: cancelled at once on INTERRUPT
+
     def wants(self, frame: Frame) -> bool:
         return isinstance(frame, TextFrame) and frame.final and bool(frame.text.strip())
 

@@ -42,6 +42,8 @@ class TTS(Stage):
         # (0: only at clause/sentence marks) so speech starts before the first sentence is complete
         first_max_chars: int = Field(default=24, ge=0, le=2000)
 
+    interruptible = True  # long generation per frame: cancelled at once on INTERRUPT
+
     def wants(self, frame: Frame) -> bool:
         if not isinstance(frame, TextFrame):
             return False

@@ -515,6 +515,8 @@ class Describe(Stage):
         stream: bool = True
         skip_unchanged: bool = True  # no new sentence while the summary stays the same
 
+    interruptible = True  # long generation per frame: cancelled at once on INTERRUPT
+
     def wants(self, frame: Frame) -> bool:
         return isinstance(frame, EventFrame) and frame.name in ("detections", "scene_change")
 
