@@ -100,6 +100,11 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _plugin_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first, so the stage types it registers can be used")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamkit", description=__doc__)
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
@@ -107,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check pipeline YAML files; every problem with line and column")
     v.add_argument("files", nargs="+")
+    _plugin_arg(v)
 
     r = sub.add_parser("run", help="run a pipeline offline on a media file")
     r.add_argument("pipeline", help="pipeline YAML path or name in pipelines/")
@@ -115,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="session parameter")
     r.add_argument("--redis", default=None, help="run over Redis Streams at this URL")
     r.add_argument("--realtime", action="store_true", help="feed the input at real-time pace")
+    _plugin_arg(r)
 
     sub.add_parser("serve", help="websocket server, browser demo, /healthz and /metrics", add_help=False)
     sub.add_parser("client", help="stream a file to a server and print the events", add_help=False)
@@ -124,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--redis", required=True, help="redis://host:port")
     w.add_argument("--claim-idle-ms", type=int, default=3000, help="take over sessions idle this long")
     w.add_argument("--max-sessions", type=int, default=64)
+    _plugin_arg(w)
 
     b = sub.add_parser("bench", help="benchmarks against a peer measured in the same run", add_help=False)
     b.add_argument("target", choices=BENCH_TARGETS)
@@ -141,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate("streamkit.client", rest)
     if args.command == "bench":
         return _delegate(f"streamkit.bench.{args.target}", rest)
+    if getattr(args, "plugin", None):
+        from streamkit.stage import load_plugins
+
+        load_plugins(args.plugin)
     if args.command == "worker":
         return cmd_worker(args, rest)
     if rest:

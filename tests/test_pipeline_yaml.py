@@ -1,3 +1,4 @@
+import os
 import subprocess
 import textwrap
 from pathlib import Path
@@ -104,3 +105,21 @@ def test_shipped_pipelines_validate():
     for path in files:
         spec = load_pipeline(path)
         assert spec.name == path.stem
+
+
+def test_operator_plugins_register_stage_types_only_when_named(tmp_path, streamkit_cmd):
+    (tmp_path / "my_stages.py").write_text(
+        "from typing import Literal\n"
+        "from streamkit.stage import Stage, StageConfig, register_stage\n"
+        "@register_stage('shout')\n"
+        "class Shout(Stage):\n"
+        "    class Config(StageConfig):\n"
+        "        type: Literal['shout'] = 'shout'\n")
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text("name: p\nstages:\n  - {name: s, type: shout}\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    without = subprocess.run([*streamkit_cmd, "validate", str(pipeline)], capture_output=True, text=True, env=env)
+    assert without.returncode == 1 and "unknown stage type 'shout'" in without.stderr
+    with_plugin = subprocess.run([*streamkit_cmd, "validate", "--plugin", "my_stages", str(pipeline)],
+                                 capture_output=True, text=True, env=env)
+    assert with_plugin.returncode == 0 and "s(shout)" in with_plugin.stdout
