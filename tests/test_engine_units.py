@@ -1,0 +1,112 @@
+"""Fast unit tests for engine pieces that need no model weights."""
+import torch
+
+from streamkit.engine.kv_cache import BlockAllocator, PagedKVCache
+from streamkit.engine.paged_attention import decode_attention_torch, prefill_attention
+from streamkit.engine.params import SamplingParams
+from streamkit.engine.sampler import apply_repetition_penalty, make_generator, sample_batch, sample_one
+from streamkit.engine.stop import StopChecker
+
+
+def test_allocator_reserves_block_zero_and_frees():
+    a = BlockAllocator(5)
+    got = [a.allocate() for _ in range(4)]
+    assert 0 not in got and sorted(got) == [1, 2, 3, 4]
+    assert a.num_free == 0
+    a.free(got)
+    assert got == [] and a.num_free == 4
+
+
+def test_cache_capacity_and_slots():
+    c = PagedKVCache(2, 1, 4, num_blocks=4, block_size=4, dtype=torch.float32, device="cpu")
+    blocks = []
+    assert c.ensure_capacity(blocks, 5) and len(blocks) == 2
+    assert c.slots(blocks, 3, 5) == [blocks[0] * 4 + 3, blocks[1] * 4]
+    assert not c.ensure_capacity(blocks, 17)  # would need 5 blocks; only 3 usable
+    assert len(blocks) == 2
+    c.free(blocks)
+    assert c.allocator.num_free == 3
+
+
+def test_stop_checker_holds_partial_matches():
+    s = StopChecker(["END", "\n\n"])
+    out = []
+    for piece in ["Hel", "lo E", "N", "x", " more", "\n", "\nignored"]:
+        text, stopped = s.push(piece)
+        out.append(text)
+        if stopped:
+            break
+    assert "".join(out) == "Hello ENx more"
+    assert stopped
+
+
+def test_sampler_greedy_topk_topp_seed():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    assert sample_batch(logits, [SamplingParams()], [[]], [None]) == [1]
+    p = SamplingParams(temperature=1.0, top_k=1)
+    assert sample_one(logits[0], p, [], None) == 1
+    p = SamplingParams(temperature=1.0, top_p=0.01)
+    assert sample_one(logits[0], p, [], None) == 1
+    p = SamplingParams(temperature=2.0, seed=7)
+    a = [sample_one(logits[0], p, [], make_generator(7, "cpu")) for _ in range(3)]
+    b = [sample_one(logits[0], p, [], make_generator(7, "cpu")) for _ in range(3)]
+    assert a == b
+    pen = apply_repetition_penalty(logits[0], [1, 1], 3.0)
+    assert pen[1] == 1.0 and pen[0] == 0.0
+
+
+def test_decode_attention_matches_dense():
+    torch.manual_seed(0)
+    H, KV, D, bs = 6, 2, 8, 4
+    pool_k = torch.randn(40, KV, D)
+    pool_v = torch.randn(40, KV, D)
+    tables = torch.tensor([[3, 5, 1], [2, 0, 0]])
+    lens = torch.tensor([10, 3])
+    q = torch.randn(2, H, D)
+    out = decode_attention_torch(q, pool_k, pool_v, tables, lens, bs, D ** -0.5)
+    for b in range(2):
+        slots = torch.cat([tables[b, i] * bs + torch.arange(bs) for i in range(3)])[: lens[b]]
+        k = pool_k[slots].repeat_interleave(H // KV, 1)  # [L, H, D]
+        v = pool_v[slots].repeat_interleave(H // KV, 1)
+        att = torch.softmax(torch.einsum("hd,lhd->hl", q[b], k) * D ** -0.5, -1)
+        ref = torch.einsum("hl,lhd->hd", att, v)
+        assert torch.allclose(out[b], ref, atol=1e-5)
+
+
+def test_chunked_prefill_attention_equals_full():
+    torch.manual_seed(0)
+    n, H, KV, D = 10, 4, 2, 8
+    q, k, v = torch.randn(n, H, D), torch.randn(n, KV, D), torch.randn(n, KV, D)
+    full = prefill_attention(q, k, v, 0)
+    part = prefill_attention(q[6:], k, v, 6)
+    assert torch.allclose(full[6:], part, atol=1e-5)
+
+
+def test_params_roundtrip():
+    p = SamplingParams(max_tokens=5, stop=["x"], seed=3, temperature=0.5)
+    assert SamplingParams.from_dict(p.to_dict()) == p
+    assert SamplingParams.from_dict({"stop": "y", "bogus": 1}).stop == ["y"]
+
+
+def test_triton_paged_kernel_interpreted():
+    """The CUDA decode kernel, run by Triton's CPU interpreter (skipped when triton is absent)."""
+    import subprocess
+    import sys
+
+    pytest = __import__("pytest")
+    pytest.importorskip("triton")
+    code = (
+        "import torch\n"
+        "from streamkit.engine.paged_attention import decode_attention_torch, decode_attention_triton\n"
+        "torch.manual_seed(0)\n"
+        "B,H,KV,D,bs,NB=5,9,3,64,16,7\n"
+        "kp=torch.randn(64*bs,KV,D); vp=torch.randn_like(kp)\n"
+        "bt=torch.randint(1,64,(B,NB)); cl=torch.tensor([1,17,50,112,33]); q=torch.randn(B,H,D)\n"
+        "a=decode_attention_torch(q,kp,vp,bt,cl,bs,D**-0.5); b=decode_attention_triton(q,kp,vp,bt,cl,bs,D**-0.5)\n"
+        "assert (a-b).abs().max().item() < 1e-4, (a-b).abs().max()\n"
+    )
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
