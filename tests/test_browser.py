@@ -1,7 +1,8 @@
 """The web page in a real headless Chromium: fake microphone fed with hibari speech.
 
 Needs Debian's chromium (/usr/bin/chromium) and the Playwright Python package; marked `browser`.
-Also refreshes docs/screenshot.png (the README's picture of the page in use).
+The dubbing test takes a screenshot of the page in use; with STREAMKIT_SCREENSHOT=docs/screenshot.png
+it refreshes the README's picture, otherwise it goes to the test's tmp_path.
 """
 
 from __future__ import annotations
@@ -101,11 +102,11 @@ async def test_transcript_appears(speech_wav_48k):
     assert not state["errors"], state
 
 
-async def test_dubbing_audio_arrives(speech_wav_48k):
+async def test_dubbing_audio_arrives(speech_wav_48k, tmp_path):
     _need("dubbing")
     from streamkit.server.testing import running_server
 
-    shot = ROOT / "docs" / "screenshot.png"
+    shot = Path(os.environ.get("STREAMKIT_SCREENSHOT") or tmp_path / "screenshot.png").resolve()
     shot.parent.mkdir(exist_ok=True)
     async with running_server(ROOT / "pipelines") as server:
         state = await _run_page(
