@@ -2,7 +2,6 @@ import asyncio
 from typing import AsyncIterator, Literal
 
 import numpy as np
-import pytest
 
 from audio_pipelines import RESAMPLE_GAIN, expected_resample_gain, make_flac
 from streamkit.frames import AudioFrame, Control, ControlKind, EventFrame, Frame, TextFrame, VideoFrame

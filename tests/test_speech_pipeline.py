@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from speech import sentences, speech_audio, speech_wav, synthesize
+from speech import sentences, speech_audio, synthesize
 from streamkit.frames import AudioFrame, EventFrame, TextFrame
 from streamkit.media import paced
 from streamkit.pipeline import parse_pipeline

@@ -1,7 +1,6 @@
 """The Redis Streams transport against a real redis-server."""
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from streamkit.frames import Control, ControlKind, EventFrame, VideoFrame
+from streamkit.frames import EventFrame, VideoFrame
 from streamkit.media import iter_video
 from streamkit.pipeline import load_pipeline, parse_pipeline
 from streamkit.runtime import Session

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
+
+from streamkit.bench import print_result
 
 PIPELINE = """
 name: bench_asr
@@ -44,7 +45,7 @@ async def _run(args: argparse.Namespace) -> int:
     from streamkit.speech import corpus
     from streamkit.speech import vad as vadmod
     from streamkit.speech import whisper
-    from streamkit.speech.wer import corpus_wer, wer
+    from streamkit.speech.wer import wer
 
     texts = corpus.sentences()
     n = args.sentences or (6 if args.quick else len(texts))
@@ -100,9 +101,5 @@ async def _run(args: argparse.Namespace) -> int:
     log(f"bench asr: wer {result['wer']} (peer {result.get('peer_wer')}), rtf {result['rtf']} "
         f"(peer {result.get('peer_rtf')}), final latency p50 {result['final_latency_ms_p50']} ms "
         f"p95 {result['final_latency_ms_p95']} ms, {len(partials)} partials, {len(finals)} finals")
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k}: {v}")
+    print_result(result, args.json)
     return 0

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from pathlib import Path
+
+from streamkit.bench import print_result
 
 
 def main(argv: list[str]) -> int:
@@ -80,9 +81,5 @@ async def _run(args: argparse.Namespace) -> int:
         log(f"  {t}\n   -> {tr}")
     log(f"bench dubbing: first audio p50 {result['first_audio_ms_p50']} ms, p95 {result['first_audio_ms_p95']} ms "
         f"(asr final p50 {result['asr_final_ms_p50']} ms, first translated piece p50 {result['first_text_ms_p50']} ms)")
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k}: {v}")
+    print_result(result, args.json)
     return 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from streamkit.bench import print_result
 
 
 def log(msg: str) -> None:
@@ -89,7 +90,7 @@ def analysis_spec(pipeline: str, url: str, drop: str, realtime: bool):
 
 
 async def run_pipeline(spec, live: bool) -> dict[str, Any]:
-    from streamkit.frames import Control, EventFrame, VideoFrame
+    from streamkit.frames import EventFrame, VideoFrame
     from streamkit.runtime import Session
     from streamkit.transport import MemoryTransport
 
@@ -105,13 +106,11 @@ async def run_pipeline(spec, live: bool) -> dict[str, Any]:
     started = time.perf_counter()
     cpu_started = time.process_time()
     first_frame_at: float | None = None
-    last_frame_at = started
     await session.end()  # a url capture streams its source at end of input
     async for out in session.outputs():
         now = time.perf_counter()
         if isinstance(out, VideoFrame) and out.source == capture:
             frames += 1
-            last_frame_at = now
             if first_frame_at is None:
                 first_frame_at = now
         elif isinstance(out, EventFrame) and out.name == "detections":
@@ -210,11 +209,7 @@ def main(argv: list[str]) -> int:
             "keeps_up": drop_rate <= 0.01 and (live.get("lag_ms_p50") or 0) < 1000 / 5,
         }
         log(f"live: {live['frames']}/{expected} frames, {live['dropped']} dropped, lag p50 {live.get('lag_ms_p50')} ms")
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k}: {v}")
+    print_result(result, args.json)
     return 0
 
 

@@ -192,38 +192,18 @@ def pcm_to_array(pcm: bytes, channels: int) -> np.ndarray:
 
 
 def jpeg_size(data: bytes) -> tuple[int, int]:
-    """(width, height) from a JPEG's SOF marker, without decoding; ProtocolError if it is no JPEG."""
-    if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        raise ProtocolError("bad_jpeg", "video payload is not a JPEG (no SOI marker)")
+    """(width, height) from a JPEG's SOF marker, without decoding; ProtocolError if it is not
+    one whole JPEG (checked here, before the frame is queued for decoding)."""
+    from streamkit.video.jpeg import JpegError
+    from streamkit.video.jpeg import jpeg_size as header_size
+
+    try:
+        size = header_size(data)
+    except JpegError as exc:
+        raise ProtocolError("bad_jpeg", str(exc)) from None
     if data.rfind(b"\xff\xd9", max(0, len(data) - 64)) < 0:
         raise ProtocolError("bad_jpeg", f"truncated JPEG of {len(data)} bytes (no EOI marker at the end)")
-    i = 2
-    n = len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            raise ProtocolError("bad_jpeg", f"corrupt JPEG: expected a marker at byte {i}")
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            i += 2
-            continue
-        length = int.from_bytes(data[i + 2:i + 4], "big")
-        if length < 2:
-            raise ProtocolError("bad_jpeg", "corrupt JPEG: bad segment length")
-        if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
-            if i + 9 > n:
-                break
-            height = int.from_bytes(data[i + 5:i + 7], "big")
-            width = int.from_bytes(data[i + 7:i + 9], "big")
-            if width == 0 or height == 0:
-                raise ProtocolError("bad_jpeg", "corrupt JPEG: zero width or height")
-            return width, height
-        if marker == 0xDA:  # start of scan before any frame header
-            break
-        i += 2 + length
-    raise ProtocolError("bad_jpeg", "corrupt or truncated JPEG: no frame header found")
+    return size
 
 
 # ------------------------------------------------------------------ server -> client
