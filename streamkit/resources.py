@@ -46,5 +46,5 @@ async def shared_async(key: Hashable, factory: Callable[[], T]) -> T:
 
 
 def loaded() -> list[str]:
-    """Names of what is loaded, for /healthz."""
-    return [str(k) for k in _values]
+    """Names of what is loaded, for /healthz: a key ("whisper", path, ...) reads whisper:path:..."""
+    return [":".join(map(str, k)) if isinstance(k, tuple) else str(k) for k in _values]
