@@ -80,9 +80,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (PipelineError, FileNotFoundError) as exc:
         print(f"streamkit run: {exc}", file=sys.stderr)
         return 2
+    bad = [kv for kv in args.param if "=" not in kv]
+    if bad:
+        print(f"streamkit run: --param takes KEY=VALUE, got {bad[0]!r}", file=sys.stderr)
+        return 2
     params = dict(kv.split("=", 1) for kv in args.param)
-    summary = asyncio.run(run_offline(spec, args.input, args.output, params=params, redis_url=args.redis,
-                                      realtime=args.realtime))
+    try:
+        summary = asyncio.run(run_offline(spec, args.input, args.output, params=params, redis_url=args.redis,
+                                          realtime=args.realtime))
+    except ValueError as exc:  # MediaError and a missing stream: the input is wrong, not the code
+        print(f"streamkit run: {exc}", file=sys.stderr)
+        return 2
     for name, path in summary["files"].items():
         print(f"{name}: {path}")
     for err in summary["errors"]:
