@@ -32,7 +32,8 @@ def final_words(frames) -> list[str]:
 
 
 async def transcribe(transport, frames, during=None, pace: float = 0.0):
-    """Run the transcribe pipeline; `during(session)` is awaited after a third of the input."""
+    """Run the transcribe pipeline; `during(session)` starts after a third of the input and runs
+    while the rest is pushed (it must be done before the input ends)."""
     spec = load_pipeline(find_pipeline("transcribe"))
     session = await Session.open(spec, transport)
     collected = []
@@ -42,12 +43,15 @@ async def transcribe(transport, frames, during=None, pace: float = 0.0):
             collected.append(f)
 
     collector = asyncio.create_task(collect())
+    fault = None
     for i, f in enumerate(frames):
         if during is not None and i == len(frames) // 3:
-            await during(session)
+            fault = asyncio.create_task(during(session))
         await session.push(f)
         if pace:
             await asyncio.sleep(pace)
+    if fault is not None:
+        await asyncio.wait_for(fault, 60)
     await session.end()
     await asyncio.wait_for(collector, 180)
     await session.close()
