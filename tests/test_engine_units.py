@@ -2,7 +2,7 @@
 import torch
 
 from streamkit.engine.kv_cache import BlockAllocator, PagedKVCache
-from streamkit.engine.paged_attention import decode_attention_torch, prefill_attention
+from streamkit.engine.paged_attention import decode_attention_hm, decode_attention_torch, decode_plan, prefill_attention
 from streamkit.engine.params import SamplingParams
 from streamkit.engine.sampler import apply_repetition_penalty, make_generator, sample_batch, sample_one
 from streamkit.engine.stop import StopChecker
@@ -73,6 +73,22 @@ def test_decode_attention_matches_dense():
         assert torch.allclose(out[b], ref, atol=1e-5)
 
 
+def test_head_major_decode_attention_matches_reference():
+    """The engine's head-major pool path ([KV, S, D], block gather) equals the [S, KV, D] reference."""
+    torch.manual_seed(0)
+    H, KV, D, bs = 6, 2, 8, 4
+    pool_k = torch.randn(40, KV, D)
+    pool_v = torch.randn(40, KV, D)
+    tables = torch.tensor([[3, 5, 1], [2, 0, 0], [0, 0, 0]])
+    lens = torch.tensor([10, 3, 1])
+    q = torch.randn(3, H, D)
+    ref = decode_attention_torch(q, pool_k, pool_v, tables, lens, bs, D ** -0.5)
+    hk, hv = pool_k.transpose(0, 1).contiguous(), pool_v.transpose(0, 1).contiguous()
+    plan = decode_plan(tables, lens, bs, KV, 40, D, torch.float32)
+    out = decode_attention_hm(q, hk, hv, plan, D ** -0.5)
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
 def test_chunked_prefill_attention_equals_full():
     torch.manual_seed(0)
     n, H, KV, D = 10, 4, 2, 8
@@ -104,9 +120,32 @@ def test_triton_paged_kernel_interpreted():
         "bt=torch.randint(1,64,(B,NB)); cl=torch.tensor([1,17,50,112,33]); q=torch.randn(B,H,D)\n"
         "a=decode_attention_torch(q,kp,vp,bt,cl,bs,D**-0.5); b=decode_attention_triton(q,kp,vp,bt,cl,bs,D**-0.5)\n"
         "assert (a-b).abs().max().item() < 1e-4, (a-b).abs().max()\n"
+        "c=decode_attention_triton(q,kp.transpose(0,1).contiguous(),vp.transpose(0,1).contiguous(),bt,cl,bs,D**-0.5,"
+        "head_major=True)\n"
+        "assert (a-c).abs().max().item() < 1e-4, (a-c).abs().max()\n"
     )
     import os
 
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_thread_tuner_picks_per_step_size():
+    """1 thread wins small steps and 2 threads win big ones: the tuner learns each bucket separately."""
+    from streamkit.engine.threads import ThreadTuner
+
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(2, explore_every=8, explore_steps=2)
+        picks = {}
+        for i in range(200):
+            n = 1 if i % 2 else 64
+            nt = tuner.before(n)
+            cost = (1.0 if nt == 1 else 3.0) if n == 1 else (10.0 if nt == 1 else 5.0)
+            tuner.observe(cost * 1e-3, n)
+            picks.setdefault(n, []).append(nt)
+        # after learning, exploration aside, small steps run on 1 thread and big ones on 2
+        assert picks[1][-20:].count(1) >= 15 and picks[64][-20:].count(2) >= 15
+    finally:
+        torch.set_num_threads(before)

@@ -248,6 +248,8 @@ class EngineCore:
             return
         t_step = time.perf_counter()
         b, prefill, sampled = self._build(st)
+        if self._tuner is not None:
+            self._tuner.before(int(b.ids.shape[0]))
         if self.graphs is not None and not st.prefill and self.graphs.can_run(b.n_decode):
             logits = self.graphs.run(b.ids, b.positions, b.slots, b.block_tables, b.ctx_lens)
         else:

@@ -28,9 +28,11 @@ class BlockAllocator:
 
 
 class PagedKVCache:
-    """k/v pool shaped [n_layers, num_blocks * block_size, n_kv_heads, head_dim].
+    """k/v pool shaped [n_layers, n_kv_heads, num_blocks * block_size, head_dim] (head-major).
 
-    A token at position p of a sequence lives at slot block_table[p // bs] * bs + p % bs.
+    A token at position p of a sequence lives at slot block_table[p // bs] * bs + p % bs. Head-major
+    blocks make one (kv head, block) a contiguous block_size x head_dim tile, so decode attention
+    gathers whole tiles and the gathered K/V is already [KV, B, L, D] (no transpose copy).
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
@@ -38,7 +40,7 @@ class PagedKVCache:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.n_layers = n_layers
-        shape = (n_layers, num_blocks * block_size, n_kv_heads, head_dim)
+        shape = (n_layers, n_kv_heads, num_blocks * block_size, head_dim)
         # zeros: masked-out (never written) slots must stay finite
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -50,7 +52,7 @@ class PagedKVCache:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.n_layers * self.k.shape[2] * self.k.shape[3] * self.k.element_size()
+        return 2 * self.n_layers * self.k.shape[1] * self.k.shape[3] * self.k.element_size()
 
     def blocks_needed(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)

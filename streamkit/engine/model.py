@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from streamkit.engine.config import LlamaConfig
 from streamkit.engine.gguf_loader import GGUFModel
 from streamkit.engine.linear import Linear
-from streamkit.engine.paged_attention import (HAVE_TRITON, decode_attention_torch, decode_attention_triton,
-                                              decode_gather_index, default_scale, prefill_attention)
+from streamkit.engine.paged_attention import (HAVE_TRITON, decode_attention_hm, decode_attention_triton,
+                                              decode_plan, default_scale, prefill_attention)
 
 log = logging.getLogger("streamkit.engine")
 _HAS_RMS = hasattr(F, "rms_norm")
@@ -136,8 +136,8 @@ class LlamaModel:
 
     def _decode_attn(self, q, kp, vp, bt, cl, pre):
         if self.attn_backend == "triton":
-            return decode_attention_triton(q, kp, vp, bt, cl, self.kv_cache.block_size, self.scale)
-        return decode_attention_torch(q, kp, vp, bt, cl, self.kv_cache.block_size, self.scale, pre=pre)
+            return decode_attention_triton(q, kp, vp, bt, cl, self.kv_cache.block_size, self.scale, head_major=True)
+        return decode_attention_hm(q, kp, vp, pre, self.scale)
 
     @torch.inference_mode()
     def forward(self, b: StepBatch) -> torch.Tensor:
@@ -149,9 +149,12 @@ class LlamaModel:
         x = F.embedding(b.ids, self.embed)
         cos, sin = self._rope_tables(b.positions)
         pre = None
-        if nd and self.attn_backend != "triton":  # gather index + mask shared by all layers
-            pre = decode_gather_index(b.block_tables, b.ctx_lens, self.kv_cache.block_size)
         kc, vc = self.kv_cache.k, self.kv_cache.v
+        NL, _, S, _ = kc.shape
+        # write index into a layer's pool viewed as [KV * S, D] (dim-0 index_copy_ is the fast path)
+        wslots = (torch.arange(KV, device=b.slots.device)[:, None] * S + b.slots[None, :]).reshape(-1)
+        if nd and self.attn_backend != "triton":  # gather index, mask and buffers shared by all layers
+            pre = decode_plan(b.block_tables, b.ctx_lens, self.kv_cache.block_size, KV, kc.shape[2], hd, kc.dtype)
         qk_w = (H + KV) * hd
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, eps)
@@ -160,8 +163,8 @@ class LlamaModel:
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, qk_w:].view(T, KV, hd)
             kp, vp = kc[li], vc[li]
-            kp.index_copy_(0, b.slots, k.to(kp.dtype))
-            vp.index_copy_(0, b.slots, v.to(vp.dtype))
+            kp.view(KV * S, hd).index_copy_(0, wslots, k.transpose(0, 1).reshape(KV * T, hd).to(kp.dtype))
+            vp.view(KV * S, hd).index_copy_(0, wslots, v.transpose(0, 1).reshape(KV * T, hd).to(vp.dtype))
             if nd == T:
                 attn = self._decode_attn(q, kp, vp, b.block_tables, b.ctx_lens, pre)
             else:
@@ -172,14 +175,14 @@ class LlamaModel:
                     if start == 0:
                         kk, vv = k[t0:t0 + n], v[t0:t0 + n]
                     else:
-                        kk = torch.cat([kp[prev_slots].to(k.dtype), k[t0:t0 + n]], 0)
-                        vv = torch.cat([vp[prev_slots].to(v.dtype), v[t0:t0 + n]], 0)
+                        kk = torch.cat([kp[:, prev_slots].transpose(0, 1).to(k.dtype), k[t0:t0 + n]], 0)
+                        vv = torch.cat([vp[:, prev_slots].transpose(0, 1).to(v.dtype), v[t0:t0 + n]], 0)
                     attn[t0:t0 + n] = prefill_attention(q[t0:t0 + n], kk, vv, start)
-            x = x + L.o(attn.reshape(T, H * hd))
+            x.add_(L.o(attn.reshape(T, H * hd)))  # x is this forward's own buffer (embedding output)
             h = rms_norm(x, L.ffn_norm, eps)
             gu = L.gate_up(h)
             g, u = gu.chunk(2, dim=-1)
-            x = x + L.down(F.silu(g) * u)
+            x.add_(L.down(F.silu(g).mul_(u)))
         if b.logit_rows is not None:
             x = x.index_select(0, b.logit_rows)
         x = rms_norm(x, self.norm, eps)

@@ -38,6 +38,41 @@ def decode_attention_torch(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     return out.reshape(B, H, D).to(q.dtype)
 
 
+def decode_plan(block_tables: torch.Tensor, ctx_lens: torch.Tensor, block_size: int, n_kv: int,
+                pool_slots: int, head_dim: int, dtype: torch.dtype):
+    """Per-step plan for decode_attention_hm, shared by every layer: a flat (kv head, block) row index
+    into a head-major pool viewed as [KV * n_blocks, block_size * D], an additive mask [1, B, 1, L]
+    and two preallocated gather buffers (filled in place each layer: no fresh pages per layer)."""
+    B, NB = block_tables.shape
+    L = NB * block_size
+    dev = block_tables.device
+    n_blocks = pool_slots // block_size
+    rows = (torch.arange(n_kv, device=dev)[:, None] * n_blocks + block_tables.reshape(1, B * NB)).reshape(-1)
+    valid = torch.arange(L, device=dev)[None, :] < ctx_lens[:, None]
+    bias = torch.zeros((B, L), dtype=dtype, device=dev).masked_fill_(~valid, float("-inf")).view(1, B, 1, L)
+    kb = torch.empty((n_kv * B * NB, block_size * head_dim), dtype=dtype, device=dev)
+    vb = torch.empty_like(kb)
+    return rows, bias, kb, vb
+
+
+def decode_attention_hm(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, plan, scale: float) -> torch.Tensor:
+    """Decode attention over a head-major pool. q: [B, H, D]; pools: [KV, S, D] (S = blocks * block_size).
+
+    Gathers whole 16-token blocks per (kv head, block) into the plan's buffers, giving K/V as
+    [KV, B, L, D] views; the query group of each KV head is SDPA's query axis, so GQA needs no
+    repeat: SDPA sees batch KV, "heads" B, G queries, L keys."""
+    B, H, D = q.shape
+    KV, S, _ = k_pool.shape
+    rows, bias, kb, vb = plan
+    L = bias.shape[-1]
+    bsD = kb.shape[1]
+    torch.index_select(k_pool.view(S * KV * D // bsD, bsD), 0, rows, out=kb)
+    torch.index_select(v_pool.view(S * KV * D // bsD, bsD), 0, rows, out=vb)
+    qq = q.view(B, KV, H // KV, D).transpose(0, 1).to(kb.dtype)  # [KV, B, G, D]
+    out = F.scaled_dot_product_attention(qq, kb.view(KV, B, L, D), vb.view(KV, B, L, D), attn_mask=bias, scale=scale)
+    return out.transpose(0, 1).reshape(B, H, D).to(q.dtype)
+
+
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
     """One sequence chunk. q: [n, H, D] at positions start..start+n-1; k, v: [start+n, KV, D]."""
     n, H, D = q.shape
@@ -106,12 +141,14 @@ except Exception:  # ImportError on CPU-only installs
     HAVE_TRITON = False
 
 
-def decode_attention_triton(q, k_pool, v_pool, block_tables, ctx_lens, block_size, scale):
-    """Same contract as decode_attention_torch; needs q/pools on CUDA (or TRITON_INTERPRET=1)."""
+def decode_attention_triton(q, k_pool, v_pool, block_tables, ctx_lens, block_size, scale, head_major=False):
+    """Same contract as decode_attention_torch (pools [S, KV, D]; [KV, S, D] with head_major=True);
+    needs q/pools on CUDA (or TRITON_INTERPRET=1)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not available")
     B, H, D = q.shape
-    KV = k_pool.shape[1]
+    KV = k_pool.shape[0 if head_major else 1]
+    s_slot, s_head = (k_pool.stride(1), k_pool.stride(0)) if head_major else (k_pool.stride(0), k_pool.stride(1))
     G = H // KV
     q = q.contiguous()
     out = torch.empty_like(q)
@@ -119,7 +156,7 @@ def decode_attention_triton(q, k_pool, v_pool, block_tables, ctx_lens, block_siz
     cl = ctx_lens.contiguous()
     _paged_decode_kernel[(B, KV)](
         q, k_pool, v_pool, bt, cl, out, scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), bt.stride(0), out.stride(0), out.stride(1),
+        q.stride(0), q.stride(1), s_slot, s_head, bt.stride(0), out.stride(0), out.stride(1),
         BLOCK_SIZE=block_size, HEAD_DIM=D, GROUP=G, GROUP_PAD=max(1, 1 << (G - 1).bit_length()),
     )
     return out

@@ -3,8 +3,10 @@
 On a small shared machine (e.g. 2 cores also running ASR/TTS or other processes) OpenMP's
 barriers with spinning threads make multi-threaded steps collapse: measured here under load,
 a batch-1 decode step took 35-55 ms with 1 thread and 500-1100 ms with 2. Uncontended, 2 threads
-are ~1.7x faster. So the engine keeps a running cost per thread count and re-explores the other
-setting every `explore_every` steps, switching when it is clearly faster.
+are ~1.7x faster, and the gain grows with rows per step (a 16-row step is GEMM-bound). So the
+engine keeps a running cost per (step-size bucket, thread count) - a 1-row decode step is never
+compared with a 256-token prefill step - picks the cheaper setting per bucket before each step,
+and re-explores the other setting for a few steps every `explore_every` steps of that bucket.
 """
 from __future__ import annotations
 
@@ -15,46 +17,59 @@ import torch
 log = logging.getLogger("streamkit.engine")
 
 
+def _bucket(n_tokens: int) -> int:
+    return min(max(int(n_tokens), 1).bit_length(), 10)  # 1, 2-3, 4-7, 8-15, 16-31, ..., 512+
+
+
 class ThreadTuner:
-    def __init__(self, max_threads: int, explore_every: int = 32, explore_steps: int = 3):
+    def __init__(self, max_threads: int, explore_every: int = 32, explore_steps: int = 2, margin: float = 0.9):
         self.choices = sorted({1, max(1, max_threads)})
         self.current = self.choices[-1]
-        self.cost = {c: None for c in self.choices}
         self.explore_every = explore_every
         self.explore_steps = explore_steps
-        self._step = 0
-        self._exploring = 0
-        self._home = self.current
+        self.margin = margin
+        self.cost: dict[tuple[int, int], float] = {}  # (bucket, threads) -> EMA seconds per token
+        self._seen: dict[int, int] = {}
+        self._pref: dict[int, int] = {}  # bucket -> preferred thread count
         torch.set_num_threads(self.current)
 
     @property
     def enabled(self) -> bool:
         return len(self.choices) > 1
 
+    def before(self, n_tokens: int) -> int:
+        """Pick the thread count for a step of n_tokens rows (call before the forward)."""
+        if not self.enabled:
+            return self.current
+        b = _bucket(n_tokens)
+        pref = self._pref.get(b, self.choices[-1])
+        other = self.choices[0] if pref == self.choices[-1] else self.choices[-1]
+        k = self._seen.get(b, 0)
+        if (b, pref) not in self.cost:
+            pick = pref
+        elif (b, other) not in self.cost or (k % self.explore_every) >= self.explore_every - self.explore_steps:
+            pick = other  # explore
+        else:
+            pick = pref
+        self._set(pick)
+        return pick
+
     def observe(self, seconds: float, n_tokens: int) -> None:
         if not self.enabled:
             return
+        b = _bucket(n_tokens)
         c = seconds / (n_tokens + 8.0)
-        old = self.cost[self.current]
-        self.cost[self.current] = c if old is None else 0.7 * old + 0.3 * c
-        self._step += 1
-        if self._exploring:
-            self._exploring -= 1
-            if self._exploring == 0:
-                other = self.current
-                best = min(self.choices, key=lambda k: self.cost[k] if self.cost[k] is not None else 1e9)
-                if best != self._home and self.cost[other] < 0.8 * self.cost[self._home]:
-                    log.info("engine: intra-op threads %d -> %d (cost %.2g vs %.2g s/token)", self._home, other,
-                             self.cost[other], self.cost[self._home])
-                    self._set(other)
-                else:
-                    self._set(self._home)
-        elif self._step % self.explore_every == 0 or self._step == 8:
-            self._home = self.current
-            other = [k for k in self.choices if k != self.current][0]
-            self.cost[other] = None
-            self._exploring = self.explore_steps
-            self._set(other)
+        key = (b, self.current)
+        old = self.cost.get(key)
+        self.cost[key] = c if old is None else 0.6 * old + 0.4 * c
+        self._seen[b] = self._seen.get(b, 0) + 1
+        pref = self._pref.get(b, self.choices[-1])
+        other = self.choices[0] if pref == self.choices[-1] else self.choices[-1]
+        cp, co = self.cost.get((b, pref)), self.cost.get((b, other))
+        if cp is not None and co is not None and co < self.margin * cp:
+            log.info("engine: intra-op threads %d -> %d for %d-token steps (cost %.2g vs %.2g s/token)", pref, other,
+                     1 << (b - 1), co, cp)
+            self._pref[b] = other
 
     def _set(self, n: int) -> None:
         if n != self.current:
