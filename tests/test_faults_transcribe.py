@@ -10,10 +10,10 @@ import time
 import pytest
 import redis
 
+from sessions import run_pipeline
 from speech import sentences, speech_audio
 from streamkit.frames import AudioFrame, TextFrame
 from streamkit.pipeline import find_pipeline, load_pipeline
-from streamkit.runtime import Session
 from streamkit.transport import MemoryTransport
 from streamkit.transport.redis import RedisTransport, edge_key, work_key
 
@@ -31,31 +31,9 @@ def final_words(frames) -> list[str]:
     return " ".join(texts).split()
 
 
-async def transcribe(transport, frames, during=None, pace: float = 0.0):
-    """Run the transcribe pipeline; `during(session)` starts after a third of the input and runs
-    while the rest is pushed (it must be done before the input ends)."""
-    spec = load_pipeline(find_pipeline("transcribe"))
-    session = await Session.open(spec, transport)
-    collected = []
-
-    async def collect():
-        async for f in session.outputs():
-            collected.append(f)
-
-    collector = asyncio.create_task(collect())
-    fault = None
-    for i, f in enumerate(frames):
-        if during is not None and i == len(frames) // 3:
-            fault = asyncio.create_task(during(session))
-        await session.push(f)
-        if pace:
-            await asyncio.sleep(pace)
-    if fault is not None:
-        await asyncio.wait_for(fault, 60)
-    await session.end()
-    await asyncio.wait_for(collector, 180)
-    await session.close()
-    return collected
+async def transcribe(transport, frames, **kwargs):
+    _, out = await run_pipeline(load_pipeline(find_pipeline("transcribe")), transport, frames, **kwargs)
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -11,33 +11,14 @@ import pytest
 import redis
 
 from audio_pipelines import RESAMPLE_GAIN, expected_resample_gain, make_flac
+from sessions import run_pipeline
 from streamkit.frames import AudioFrame, frames_equal
 from streamkit.media import iter_audio
 from streamkit.pipeline import parse_pipeline
-from streamkit.runtime import Session
 from streamkit.transport import MemoryTransport
 from streamkit.transport.redis import RedisTransport, edge_key, work_key
 
 pytestmark = pytest.mark.redis
-
-
-async def run_on(transport, spec, frames, pace: float = 0.0):
-    session = await Session.open(spec, transport)
-    collected = []
-
-    async def collect():
-        async for f in session.outputs():
-            collected.append(f)
-
-    collector = asyncio.create_task(collect())
-    for f in frames:
-        await session.push(f)
-        if pace:
-            await asyncio.sleep(pace)
-    await session.end()
-    await asyncio.wait_for(collector, 60)
-    await session.close()
-    return session, collected
 
 
 def audio_of(frames):
@@ -47,9 +28,9 @@ def audio_of(frames):
 async def test_same_output_on_memory_and_redis(tmp_path, redis_url):
     frames = list(iter_audio(make_flac(tmp_path / "chirp.flac"), 16000))
     spec = parse_pipeline(RESAMPLE_GAIN)
-    _, on_memory = await run_on(MemoryTransport(), spec, frames)
+    _, on_memory = await run_pipeline(spec, MemoryTransport(), frames)
     transport = RedisTransport(redis_url)
-    session, on_redis = await run_on(transport, spec, frames)
+    session, on_redis = await run_pipeline(spec, transport, frames)
     assert len(on_memory) == len(on_redis) > 20
     assert all(frames_equal(a, b) for a, b in zip(on_memory, on_redis))
     np.testing.assert_array_equal(audio_of(on_redis), expected_resample_gain(frames))
@@ -87,46 +68,31 @@ async def test_killed_worker_is_replaced_with_nothing_lost_or_duplicated(tmp_pat
     exactly the frames an uninterrupted run gives."""
     frames = list(iter_audio(make_flac(tmp_path / "chirp.flac", seconds=3.0), 16000, chunk_s=0.02))
     spec = parse_pipeline(RESAMPLE_GAIN)
-    _, reference = await run_on(MemoryTransport(), spec, frames)
+    _, reference = await run_pipeline(spec, MemoryTransport(), frames)
 
     workers = [start_worker(own_redis.url, "rs") for _ in range(2)]
-    try:
-        transport = RedisTransport(own_redis.url, remote_stages={"rs"})
-        client = redis.Redis.from_url(own_redis.url)
-        session = await Session.open(spec, transport)
-        collected = []
+    client = redis.Redis.from_url(own_redis.url)
+    killed: list[subprocess.Popen] = []
 
-        async def collect():
-            async for f in session.outputs():
-                collected.append(f)
-
-        collector = asyncio.create_task(collect())
+    async def kill_owner(session):
         owner = await asyncio.to_thread(wait_for_owner, client, "rs")
-        owner_pid = int(owner.split("-")[-2])
-        victim = next(w for w in workers if w.pid == owner_pid)
-        half = len(frames) // 2
-        for f in frames[:half]:
-            await session.push(f)
-            await asyncio.sleep(0.002)
-        # wait until the victim has read some input (pending, unacknowledged) and emitted output
-        edge_in = edge_key(session.id, "input", "rs")
-        edge_out = edge_key(session.id, "rs", "g")
+        victim = next(w for w in workers if w.pid == int(owner.split("-")[-2]))
+        # wait until the victim has read input it has not acknowledged and has emitted output
+        edge_in, edge_out = edge_key(session.id, "input", "rs"), edge_key(session.id, "rs", "g")
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if client.xpending(edge_in, "g")["pending"] > 0 and client.xlen(edge_out) > 0:
-                break
+        while not (client.xpending(edge_in, "g")["pending"] > 0 and client.xlen(edge_out) > 0):
+            assert time.monotonic() < deadline, "the worker never had pending input"
             await asyncio.sleep(0.02)
-        assert client.xpending(edge_in, "g")["pending"] > 0
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
-        for f in frames[half:]:
-            await session.push(f)
-        await session.end()
-        await asyncio.wait_for(collector, 60)
-        await session.close()
+        killed.append(victim)
+
+    try:
+        transport = RedisTransport(own_redis.url, remote_stages={"rs"})
+        session, collected = await run_pipeline(spec, transport, frames, during=kill_owner, pace=0.002)
         await transport.aclose()
-        new_owner = [w for w in workers if w is not victim][0]
-        assert new_owner.poll() is None
+        new_owner = next(w for w in workers if w not in killed)
+        assert killed and new_owner.poll() is None
     finally:
         for w in workers:
             w.kill()
@@ -142,29 +108,17 @@ async def test_killed_worker_is_replaced_with_nothing_lost_or_duplicated(tmp_pat
 async def test_pipeline_survives_redis_restart_and_pause(tmp_path, own_redis, fault):
     frames = list(iter_audio(make_flac(tmp_path / "chirp.flac", seconds=2.0), 16000, chunk_s=0.02))
     spec = parse_pipeline(RESAMPLE_GAIN)
-    _, reference = await run_on(MemoryTransport(), spec, frames)
+    _, reference = await run_pipeline(spec, MemoryTransport(), frames)
+
+    async def hurt(session):
+        if fault == "restart":
+            await asyncio.to_thread(own_redis.restart)
+        else:
+            own_redis.pause()
+            asyncio.get_running_loop().call_later(3.0, own_redis.resume)
+
     transport = RedisTransport(own_redis.url, retry_s=30)
-    session = await Session.open(spec, transport)
-    collected = []
-
-    async def collect():
-        async for f in session.outputs():
-            collected.append(f)
-
-    collector = asyncio.create_task(collect())
-    third = len(frames) // 3
-    for f in frames[:third]:
-        await session.push(f)
-    if fault == "restart":
-        await asyncio.to_thread(own_redis.restart)
-    else:
-        own_redis.pause()
-        asyncio.get_running_loop().call_later(3.0, own_redis.resume)
-    for f in frames[third:]:
-        await session.push(f)
-    await session.end()
-    await asyncio.wait_for(collector, 90)
-    await session.close()
+    _, collected = await run_pipeline(spec, transport, frames, during=hurt, timeout=90)
     await transport.aclose()
     assert len(collected) == len(reference)
     assert all(frames_equal(a, b) for a, b in zip(reference, collected))
