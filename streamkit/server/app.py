@@ -91,7 +91,7 @@ class StreamServer:
     def transport(self):
         if self._transport is None:
             if self.redis_url:
-                from streamkit.transport.redis import RedisTransport  # lead-owned; only when asked for
+                from streamkit.transport.redis import RedisTransport  # imported only when asked for
 
                 self._transport = RedisTransport(self.redis_url, remote_stages=self.remote_stages)
             else:
