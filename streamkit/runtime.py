@@ -76,6 +76,8 @@ class StageHost:
         to_sink: bool,
         upstream_count: int,
         concurrent: bool,
+        start_seq: int = 0,
+        snapshot: Any = None,
     ) -> None:
         self.stage = stage
         self.inbox = inbox
@@ -85,6 +87,9 @@ class StageHost:
         self.upstream_count = upstream_count
         self.concurrent = concurrent
         self.stats = StageStats()
+        self.input_seq = start_seq  # inputs handled; a worker taking over resumes the count
+        self._snapshot = snapshot  # the stage state to restore after start() (takeover)
+        self._outboxes = [*downstream, sink]
         self._unacked: list[Any] = []
         self._started = False
         self._labels = {"pipeline": stage.context.pipeline, "stage": stage.name}
@@ -114,12 +119,18 @@ class StageHost:
         if token is not None:
             self._unacked.append(token)
         if force or not self.stage.stateful or self.stage.take_checkpoint():
-            for out in self.downstream:
-                await out.commit()
-            await self.inbox.ack(self._unacked)
+            await self.inbox.ack(self._unacked, self.stage.snapshot() if self.stage.stateful else None)
             self._unacked = []
 
     # ------------------------------------------------------------ work
+    def _received(self) -> None:
+        """Count an input; what is emitted from now on was caused by it."""
+        self.stats.frames_in += 1
+        FRAMES_IN.inc(**self._labels)
+        self.input_seq += 1
+        for out in self._outboxes:
+            out.at_input(self.input_seq)
+
     async def _process(self, frame: Frame) -> None:
         started = time.perf_counter()
         try:
@@ -150,6 +161,8 @@ class StageHost:
     async def run(self) -> None:
         try:
             await self.stage.start()
+            if self._snapshot is not None:
+                self.stage.restore(self._snapshot)
             self._started = True
         except Exception as exc:
             await self._report("stage_start_failed", exc, "start")
@@ -163,8 +176,7 @@ class StageHost:
                 else:
                     delivery = await self.inbox.get()
                 frame = delivery.frame
-                self.stats.frames_in += 1
-                FRAMES_IN.inc(**self._labels)
+                self._received()
                 if isinstance(frame, Control):
                     if frame.control is ControlKind.EOS:
                         eos_seen += 1
@@ -216,13 +228,13 @@ class StageHost:
                     if isinstance(nxt, Control) and nxt.control is ControlKind.INTERRUPT:
                         work.cancel()
                         await asyncio.gather(work, return_exceptions=True)
-                        self.stats.frames_in += 1
+                        self._received()
                         await self._interrupt()
                         await self._emit(nxt)
                         await self._ack(delivery.token)
                         return None
                     if not isinstance(nxt, Control) and not self.stage.wants(nxt):
-                        self.stats.frames_in += 1
+                        self._received()
                         await self._emit(nxt)
                         await self._ack(delivery.token)
                         getter = None
@@ -251,6 +263,7 @@ class Session:
         self.hosts: dict[str, StageHost] = {}
         self._tasks: list[asyncio.Task] = []
         self._stages_done = 0
+        self._pushed = 0
         self._finished = False
         self.started_at = time.time()
 
@@ -278,7 +291,9 @@ class Session:
 
     async def push(self, frame: Frame) -> None:
         """Feed one frame of session input (backpressure: waits while the first stage is full)."""
+        self._pushed += 1
         for out in self.wiring.source:
+            out.at_input(self._pushed)
             await out.put(frame)
 
     async def end(self) -> None:

@@ -67,8 +67,9 @@ class Stage:
     Config: ClassVar[type[StageConfig]] = StageConfig
     accepts: ClassVar[tuple[type, ...]] = ()
     # A stateful stage calls self.checkpoint() when every input so far is reflected in output it
-    # has emitted; on Redis, inputs are acknowledged only then, so a replacement worker can
-    # rebuild the state by replaying what is still pending. Stateless stages are acked per input.
+    # has emitted; on Redis, inputs are acknowledged only then, together with snapshot(), so a
+    # replacement worker restores the snapshot and rebuilds the rest of the state by replaying
+    # what is still pending. Stateless stages are acknowledged per input.
     stateful: ClassVar[bool] = False
     # An interruptible stage does long work per frame (generating, speaking): in-process, the
     # runtime keeps reading its inbox meanwhile, cancels the work when an INTERRUPT arrives and
@@ -107,6 +108,14 @@ class Stage:
 
     def checkpoint(self) -> None:
         self._checkpoint = True
+
+    def snapshot(self) -> Any:
+        """What a replacement worker needs besides the inputs after the checkpoint (counters,
+        ids): msgpack-able data, saved atomically with the acknowledgement."""
+        return None
+
+    def restore(self, snapshot: Any) -> None:
+        """Take back what snapshot() returned; called after start() when a worker takes over."""
 
     def take_checkpoint(self) -> bool:
         hit, self._checkpoint = self._checkpoint, False

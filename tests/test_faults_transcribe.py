@@ -26,9 +26,10 @@ def audio_frames(n_sentences: int = 3, chunk_s: float = 0.1) -> list[AudioFrame]
     return [AudioFrame(audio[i:i + chunk], 16000, pts=i / 16000) for i in range(0, len(audio), chunk)]
 
 
-def final_words(frames) -> list[str]:
-    texts = [f.text for f in frames if isinstance(f, TextFrame) and f.final and f.source == "asr"]
-    return " ".join(texts).split()
+def final_words(frames) -> list[tuple[int, str]]:
+    """(utterance, word) of every final transcript: the words and the utterance they belong to."""
+    return [(f.utterance, w) for f in frames if isinstance(f, TextFrame) and f.final and f.source == "asr"
+            for w in f.text.split()]
 
 
 async def transcribe(transport, frames, **kwargs):

@@ -1,18 +1,21 @@
 """The Redis Streams transport against a real redis-server."""
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
 
 from audio_pipelines import RESAMPLE_GAIN, expected_resample_gain, make_flac
+import flaky_stages  # noqa: F401  (registers test_flaky_partials here too)
 from sessions import run_pipeline
-from streamkit.frames import AudioFrame, frames_equal
+from streamkit.frames import AudioFrame, EventFrame, TextFrame, frames_equal
 from streamkit.media import iter_audio
 from streamkit.pipeline import parse_pipeline
 from streamkit.transport import MemoryTransport
@@ -122,3 +125,44 @@ async def test_pipeline_survives_redis_restart_and_pause(tmp_path, own_redis, fa
     await transport.aclose()
     assert len(collected) == len(reference)
     assert all(frames_equal(a, b) for a, b in zip(reference, collected))
+
+
+async def test_takeover_keeps_finals_exactly_once_when_partials_vary(tmp_path, own_redis):
+    """The replayed run emits a different number of partials than the dead worker did; the
+    finals, which depend only on the inputs, still arrive exactly once each."""
+    spec = parse_pipeline("name: flaky\nstages:\n  - {name: flaky, type: test_flaky_partials}\n")
+    frames = []
+    for u in range(12):
+        frames += [TextFrame(f"u{u}w{w}") for w in range(8)] + [EventFrame("end_utterance")]
+    workers = [subprocess.Popen(
+        [sys.executable, "-m", "streamkit.cli", "-v", "worker", "--stage", "flaky", "--redis", own_redis.url,
+         "--claim-idle-ms", "800", "--plugin", "flaky_stages"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)}) for _ in range(2)]
+    client = redis.Redis.from_url(own_redis.url)
+    killed = []
+
+    async def kill_owner(session):
+        owner = await asyncio.to_thread(wait_for_owner, client, "flaky")
+        victim = next(w for w in workers if w.pid == int(owner.split("-")[-2]))
+        edge_in, edge_out = edge_key(session.id, "input", "flaky"), edge_key(session.id, "flaky", "__out__")
+        deadline = time.monotonic() + 20
+        # mid-utterance: input read but not acknowledged, and partials already written
+        while not (client.xpending(edge_in, "g")["pending"] > 2 and client.xlen(edge_out) > 20):
+            assert time.monotonic() < deadline, "the worker never got going"
+            await asyncio.sleep(0.005)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        killed.append(victim)
+
+    try:
+        transport = RedisTransport(own_redis.url, remote_stages={"flaky"})
+        _, out = await run_pipeline(spec, transport, frames, during=kill_owner, pace=0.004)
+        await transport.aclose()
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait(10)
+    assert killed and "took over stage flaky" in next(w for w in workers if w not in killed).stderr.read()
+    finals = [(f.utterance, f.text) for f in out if isinstance(f, TextFrame) and f.final]
+    assert finals == [(u, " ".join(f"u{u}w{w}" for w in range(8))) for u in range(12)]

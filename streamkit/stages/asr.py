@@ -230,6 +230,20 @@ class ASR(Stage):
                           utterance=utt.index, pts=utt.end)]
 
     # ------------------------------------------------------------ stage API
+    def snapshot(self) -> dict:
+        # checkpoints fall where no utterance has audio yet: after a final, possibly with the
+        # next utterance just begun by the same speech_start
+        utt = self.utt
+        opened = [utt.index, utt.start] if utt is not None and not utt.length else None
+        return {"count": self.count, "open": opened}
+
+    def restore(self, snapshot: dict) -> None:
+        self.count = int(snapshot["count"])
+        if snapshot.get("open") is not None:
+            index, start = snapshot["open"]
+            self.utt = _Utterance(int(index))
+            self.utt.start = start
+
     async def process(self, frame: Frame) -> AsyncIterator[Frame]:
         if isinstance(frame, EventFrame):
             if frame.name == "speech_start":

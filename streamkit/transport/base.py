@@ -22,17 +22,19 @@ class Inbox(Protocol):
 
     async def get(self) -> Delivery: ...
 
-    async def ack(self, tokens: list[Any]) -> None: ...
+    async def ack(self, tokens: list[Any], snapshot: Any = None) -> None:
+        """These frames are done; `snapshot` is the stage's state at this point (stateful stages)."""
+        ...
 
 
 class Outbox(Protocol):
     """One edge: frames from one stage to one downstream stage (or the session sink)."""
 
-    async def put(self, frame: Frame) -> None: ...
-
-    async def commit(self) -> None:
-        """Record this outbox's position (Redis: with the inputs' acknowledgement)."""
+    def at_input(self, seq: int) -> None:
+        """The producer is now handling its `seq`-th input: what it puts next was caused by it."""
         ...
+
+    async def put(self, frame: Frame) -> None: ...
 
 
 class TransportClosed(Exception):

@@ -54,11 +54,8 @@ class MemoryChannel:
             self._changed.notify_all()
             return Delivery(frame)
 
-    async def ack(self, tokens: list[Any]) -> None:
-        """In memory a frame is done once taken."""
-
-    async def commit(self) -> None:
-        """Nothing to record in memory."""
+    async def ack(self, tokens: list[Any], snapshot: Any = None) -> None:
+        """In memory a frame is done once taken, and nothing outlives the process."""
 
 
 class MemoryOutbox:
@@ -67,11 +64,11 @@ class MemoryOutbox:
     def __init__(self, channel: MemoryChannel) -> None:
         self.channel = channel
 
+    def at_input(self, seq: int) -> None:
+        """Positions matter only where a replay must line up with what was written."""
+
     async def put(self, frame: Frame) -> None:
         await self.channel.put(frame)
-
-    async def commit(self) -> None:
-        pass
 
 
 class MemoryTransport:

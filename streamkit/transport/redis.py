@@ -10,13 +10,17 @@ session lives in one slot and the multi-key reads and transactions below work on
 
 Delivery guarantees:
 - A stage's inputs are acknowledged (XACK) only after the outputs they caused are written, and
-  for stateful stages only at the stage's checkpoints, atomically with the output positions.
-- Entries on an edge with one producer get explicit IDs `0-N`, N counting that producer's
-  outputs. A worker that takes over a dead worker's session restores N from the checkpoint,
-  replays the pending inputs (XAUTOCLAIM) and re-emits; Redis rejects IDs it already holds, so
-  downstream sees every frame exactly once. This requires deterministic stages; a fan-in stage's
-  inputs interleave differently on replay, so edges out of fan-in stages use server-side IDs
-  and are at-least-once on takeover.
+  for stateful stages only at the stage's checkpoints, atomically with the producer's input
+  count at that point.
+- Entries on an edge with one producer get explicit IDs `S-K`: the K-th frame written while the
+  producer handled its S-th input. A worker that takes over a dead worker's session restores S
+  from the checkpoint, replays the pending inputs (XAUTOCLAIM) in order and re-emits; Redis
+  rejects IDs it already holds, so every output that is a deterministic function of the inputs
+  reaches downstream exactly once. Outputs whose timing varies (an ASR partial that lands with
+  whichever input is being handled when its background decode finishes) may be deduplicated
+  against a different frame or repeated, which is harmless for revisable partials; finals are
+  emitted at a fixed input. A fan-in stage's inputs interleave differently on replay, so edges
+  out of fan-in stages use server-side IDs and are at-least-once on takeover.
 - Every command retries through connection loss, a restarted server and a paused server
   (timeouts), for `retry_s` seconds; XADD retries are safe because explicit IDs deduplicate.
 - XADD trims with MAXLEN ~ `maxlen`; producers wait while a group's lag exceeds the
@@ -122,7 +126,8 @@ class RedisOutbox:
         self.maxlen = maxlen
         self.lag_limit = lag_limit
         self.retry_s = retry_s
-        self.counter = 0
+        self.seq = 0  # the producer's input being handled
+        self.k = 0  # frames written for it so far
         self._since_check = 0
 
     async def _wait_for_room(self) -> None:
@@ -137,12 +142,16 @@ class RedisOutbox:
                 return
             await asyncio.sleep(0.01)
 
+    def at_input(self, seq: int) -> None:
+        if seq != self.seq:
+            self.seq, self.k = seq, 0
+
     async def put(self, frame: Frame) -> None:
         if self.state.closed:
             return
         await self._wait_for_room()
-        self.counter += 1
-        entry_id = f"0-{self.counter}" if self.explicit_ids else "*"
+        self.k += 1  # from 1: "0-0" is not a valid entry ID
+        entry_id = f"{self.seq}-{self.k}" if self.explicit_ids else "*"
         data = encode_frame(frame)
 
         async def add() -> None:
@@ -155,9 +164,6 @@ class RedisOutbox:
                 raise
 
         await retrying(add, "xadd", self.retry_s)
-
-    async def commit(self) -> None:
-        """Positions are written by the inbox's ack, atomically with the XACK."""
 
 
 class RedisInbox:
@@ -178,20 +184,22 @@ class RedisInbox:
         self.consumer = consumer
         self.state = state
         self.retry_s = retry_s
-        self.checkpoint = checkpoint  # (hash key, stage name, outboxes whose positions to save)
+        self.checkpoint = checkpoint  # (hash key, stage name, the stage's outboxes)
         self._buffer: list[Delivery] = []
         self._reclaim = takeover
         self._last_seen: dict[str, str] = {k: "0-0" for k in keys}
         self._reconnected = False
 
-    async def restore_positions(self) -> None:
+    async def restore_position(self) -> tuple[int, Any]:
+        """(inputs the stage had handled, its snapshot) at its last acknowledgement; (0, None) if none."""
         if self.checkpoint is None:
-            return
-        hkey, stage, outboxes = self.checkpoint
+            return 0, None
+        hkey, stage, _ = self.checkpoint
         raw = await retrying(lambda: self.r.hget(hkey, stage), "hget ckpt", self.retry_s)
-        positions = msgpack.unpackb(raw) if raw else {}
-        for out in outboxes:
-            out.counter = int(positions.get(out.key, 0))
+        if not raw:
+            return 0, None
+        saved = msgpack.unpackb(raw)
+        return int(saved["seq"]), saved.get("state")
 
     def _accept(self, key: str, entries: list[Any]) -> None:
         for entry_id, fields in entries:
@@ -258,7 +266,7 @@ class RedisInbox:
             await self._read()
         return self._buffer.pop(0)
 
-    async def ack(self, tokens: list[Any]) -> None:
+    async def ack(self, tokens: list[Any], snapshot: Any = None) -> None:
         if self.state.closed or (not tokens and self.checkpoint is None):
             return
         by_key: dict[str, list[str]] = {}
@@ -271,7 +279,7 @@ class RedisInbox:
                 pipe.xack(key, GROUP, *ids)
             if self.checkpoint is not None:
                 hkey, stage, outboxes = self.checkpoint
-                pipe.hset(hkey, stage, msgpack.packb({o.key: o.counter for o in outboxes}))
+                pipe.hset(hkey, stage, msgpack.packb({"seq": max(o.seq for o in outboxes), "state": snapshot}))
             await pipe.execute()
 
         await retrying(ack_all, "xack", self.retry_s)
@@ -390,5 +398,5 @@ class _AckingInbox:
         await self.inbox.ack([delivery.token])
         return delivery
 
-    async def ack(self, tokens: list[Any]) -> None:
+    async def ack(self, tokens: list[Any], snapshot: Any = None) -> None:
         pass

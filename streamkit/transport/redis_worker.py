@@ -112,13 +112,15 @@ class StageWorker:
             cfg = spec.stage(self.stage)
             state = SessionState()
             inbox, downstream, sink = self.transport.stage_io(spec, session, self.stage, self.consumer, state, takeover)
+            start_seq, snapshot = 0, None
             if takeover:
-                await inbox.restore_positions()
+                start_seq, snapshot = await inbox.restore_position()
                 log.info("took over stage %s of session %s", self.stage, session)
             context = StageContext(spec.name, session, params, spec.output_audio.sample_rate)
             stage = get_stage_class(cfg.type)(cfg, context)
             host = StageHost(stage, inbox, downstream, sink, to_sink=self.stage in spec.output,
-                             upstream_count=len(spec.inputs_of[self.stage]), concurrent=False)
+                             upstream_count=len(spec.inputs_of[self.stage]), concurrent=False,
+                             start_seq=start_seq, snapshot=snapshot)
             await host.run()
         except TransportClosed as exc:
             log.info("session %s ended under stage %s: %s", session, self.stage, exc)
