@@ -64,8 +64,8 @@ class StageHost:
 
     With `concurrent=True` (in-process transport) the host of an interruptible stage keeps reading
     its inbox while the stage works on a frame, so an INTERRUPT cancels in-flight work at once and
-    frames the stage does not want pass straight through. Over Redis hosts run strictly in order, which is what makes a
-    replacement worker's replay produce exactly the same outputs."""
+    frames the stage does not want pass straight through. Over Redis hosts run strictly in order,
+    which is what lets a replacement worker's replay line up with what was already written."""
 
     def __init__(
         self,
