@@ -2,20 +2,16 @@
 an ASR worker SIGKILLed with messages pending, redis-server restarted, redis-server paused."""
 
 import asyncio
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
-import redis
 
+from faults import kill_owner_during, redis_fault_during, start_workers, stop_workers, survivor_log
 from sessions import run_pipeline
 from speech import sentences, speech_audio
 from streamkit.frames import AudioFrame, TextFrame
 from streamkit.pipeline import find_pipeline, load_pipeline
 from streamkit.transport import MemoryTransport
-from streamkit.transport.redis import RedisTransport, edge_key, work_key
+from streamkit.transport.redis import RedisTransport, edge_key
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -44,54 +40,27 @@ def reference_words():
     return words
 
 
-def start_worker(url: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "streamkit.cli", "-v", "worker", "--stage", "asr", "--redis", url,
-                             "--claim-idle-ms", "1000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
 async def test_asr_worker_killed_with_pending_messages(own_redis, reference_words):
-    workers = [start_worker(own_redis.url) for _ in range(2)]
-    client = redis.Redis.from_url(own_redis.url)
-    killed: list[subprocess.Popen] = []
+    workers = start_workers(own_redis.url, "asr", claim_ms=1000)
+    killed: list = []
 
-    async def kill_owner(session):
-        deadline = time.monotonic() + 60
-        edge = edge_key(session.id, "vad", "asr")
-        while time.monotonic() < deadline:
-            pending = client.xpending_range(work_key("asr"), "workers", "-", "+", 1)
-            if pending and client.xpending(edge, "g")["pending"] > 0:
-                pid = int(pending[0]["consumer"].decode().split("-")[-2])
-                victim = next(w for w in workers if w.pid == pid)
-                victim.send_signal(signal.SIGKILL)
-                victim.wait(10)
-                killed.append(victim)
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("the asr worker never had pending input")
+    def asr_has_pending_input(client, session_id):
+        return client.xpending(edge_key(session_id, "vad", "asr"), "g")["pending"] > 0
 
     try:
         transport = RedisTransport(own_redis.url, remote_stages={"asr"})
-        out = await transcribe(transport, audio_frames(), during=kill_owner, pace=0.02)
+        kill = kill_owner_during(own_redis.url, "asr", workers, killed, asr_has_pending_input)
+        out = await transcribe(transport, audio_frames(), during=kill, pace=0.02)
         await transport.aclose()
     finally:
-        for w in workers:
-            w.kill()
-            w.wait(10)
-    survivor = next(w for w in workers if w not in killed)
-    assert "took over stage asr" in survivor.stderr.read()
+        stop_workers(workers)
+    assert "took over stage asr" in survivor_log(workers, killed)
     assert final_words(out) == reference_words
 
 
 @pytest.mark.parametrize("fault", ["restart", "pause"])
 async def test_redis_restart_and_pause_keep_every_word(own_redis, reference_words, fault):
-    async def hurt(session):
-        if fault == "restart":
-            await asyncio.to_thread(own_redis.restart)
-        else:
-            own_redis.pause()
-            asyncio.get_running_loop().call_later(3.0, own_redis.resume)
-
     transport = RedisTransport(own_redis.url, retry_s=60)
-    out = await transcribe(transport, audio_frames(), during=hurt)
+    out = await transcribe(transport, audio_frames(), during=redis_fault_during(own_redis, fault))
     await transport.aclose()
     assert final_words(out) == reference_words

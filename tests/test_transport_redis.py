@@ -1,25 +1,18 @@
 """The Redis Streams transport against a real redis-server."""
 
-import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 
 from audio_pipelines import RESAMPLE_GAIN, expected_resample_gain, make_flac
 import flaky_stages  # noqa: F401  (registers test_flaky_partials here too)
+from faults import kill_owner_during, redis_fault_during, start_workers, stop_workers, survivor_log
 from sessions import run_pipeline
 from streamkit.frames import AudioFrame, EventFrame, TextFrame, frames_equal
 from streamkit.media import iter_audio
 from streamkit.pipeline import parse_pipeline
 from streamkit.transport import MemoryTransport
-from streamkit.transport.redis import RedisTransport, edge_key, work_key
+from streamkit.transport.redis import RedisTransport, edge_key
 
 pytestmark = pytest.mark.redis
 
@@ -44,27 +37,6 @@ async def test_same_output_on_memory_and_redis(tmp_path, redis_url):
     await transport.aclose()
 
 
-def start_worker(redis_url: str, stage: str, claim_ms: int = 800) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "streamkit.cli", "-v", "worker", "--stage", stage, "--redis", redis_url,
-         "--claim-idle-ms", str(claim_ms)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-
-
-def wait_for_owner(client: redis.Redis, stage: str, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            pending = client.xpending_range(work_key(stage), "workers", "-", "+", 10)
-        except redis.ResponseError:
-            pending = []
-        if pending:
-            return pending[0]["consumer"].decode()
-        time.sleep(0.05)
-    raise AssertionError(f"no worker took the {stage} announcement")
-
-
 async def test_killed_worker_is_replaced_with_nothing_lost_or_duplicated(tmp_path, own_redis):
     """Stage rs runs in two worker processes; the one serving the session is SIGKILLed
     mid-stream with inputs pending; the other takes over, replays, and downstream gets
@@ -73,35 +45,24 @@ async def test_killed_worker_is_replaced_with_nothing_lost_or_duplicated(tmp_pat
     spec = parse_pipeline(RESAMPLE_GAIN)
     _, reference = await run_pipeline(spec, MemoryTransport(), frames)
 
-    workers = [start_worker(own_redis.url, "rs") for _ in range(2)]
-    client = redis.Redis.from_url(own_redis.url)
-    killed: list[subprocess.Popen] = []
+    workers = start_workers(own_redis.url, "rs")
+    killed: list = []
 
-    async def kill_owner(session):
-        owner = await asyncio.to_thread(wait_for_owner, client, "rs")
-        victim = next(w for w in workers if w.pid == int(owner.split("-")[-2]))
-        # wait until the victim has read input it has not acknowledged and has emitted output
-        edge_in, edge_out = edge_key(session.id, "input", "rs"), edge_key(session.id, "rs", "g")
-        deadline = time.monotonic() + 20
-        while not (client.xpending(edge_in, "g")["pending"] > 0 and client.xlen(edge_out) > 0):
-            assert time.monotonic() < deadline, "the worker never had pending input"
-            await asyncio.sleep(0.02)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
-        killed.append(victim)
+    def pending_and_written(client, session_id):
+        # the worker has read input it has not acknowledged, and has emitted output
+        return (client.xpending(edge_key(session_id, "input", "rs"), "g")["pending"] > 0
+                and client.xlen(edge_key(session_id, "rs", "g")) > 0)
 
     try:
         transport = RedisTransport(own_redis.url, remote_stages={"rs"})
-        session, collected = await run_pipeline(spec, transport, frames, during=kill_owner, pace=0.002)
+        kill = kill_owner_during(own_redis.url, "rs", workers, killed, pending_and_written)
+        session, collected = await run_pipeline(spec, transport, frames, during=kill, pace=0.002)
         await transport.aclose()
-        new_owner = next(w for w in workers if w not in killed)
-        assert killed and new_owner.poll() is None
+        assert all(w.poll() is None for w in workers if w not in killed)
     finally:
-        for w in workers:
-            w.kill()
-            w.wait(10)
+        stop_workers(workers)
 
-    assert "took over stage rs of session " + session.id in new_owner.stderr.read()
+    assert "took over stage rs of session " + session.id in survivor_log(workers, killed)
     assert len(collected) == len(reference)
     assert all(frames_equal(a, b) for a, b in zip(reference, collected))
     np.testing.assert_array_equal(audio_of(collected), audio_of(reference))
@@ -113,15 +74,9 @@ async def test_pipeline_survives_redis_restart_and_pause(tmp_path, own_redis, fa
     spec = parse_pipeline(RESAMPLE_GAIN)
     _, reference = await run_pipeline(spec, MemoryTransport(), frames)
 
-    async def hurt(session):
-        if fault == "restart":
-            await asyncio.to_thread(own_redis.restart)
-        else:
-            own_redis.pause()
-            asyncio.get_running_loop().call_later(3.0, own_redis.resume)
-
     transport = RedisTransport(own_redis.url, retry_s=30)
-    _, collected = await run_pipeline(spec, transport, frames, during=hurt, timeout=90)
+    _, collected = await run_pipeline(spec, transport, frames, during=redis_fault_during(own_redis, fault),
+                                      timeout=90)
     await transport.aclose()
     assert len(collected) == len(reference)
     assert all(frames_equal(a, b) for a, b in zip(reference, collected))
@@ -134,35 +89,21 @@ async def test_takeover_keeps_finals_exactly_once_when_partials_vary(tmp_path, o
     frames = []
     for u in range(12):
         frames += [TextFrame(f"u{u}w{w}") for w in range(8)] + [EventFrame("end_utterance")]
-    workers = [subprocess.Popen(
-        [sys.executable, "-m", "streamkit.cli", "-v", "worker", "--stage", "flaky", "--redis", own_redis.url,
-         "--claim-idle-ms", "800", "--plugin", "flaky_stages"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)}) for _ in range(2)]
-    client = redis.Redis.from_url(own_redis.url)
-    killed = []
+    workers = start_workers(own_redis.url, "flaky", plugins=("flaky_stages",))
+    killed: list = []
 
-    async def kill_owner(session):
-        owner = await asyncio.to_thread(wait_for_owner, client, "flaky")
-        victim = next(w for w in workers if w.pid == int(owner.split("-")[-2]))
-        edge_in, edge_out = edge_key(session.id, "input", "flaky"), edge_key(session.id, "flaky", "__out__")
-        deadline = time.monotonic() + 20
-        # mid-utterance: input read but not acknowledged, and partials already written
-        while not (client.xpending(edge_in, "g")["pending"] > 2 and client.xlen(edge_out) > 20):
-            assert time.monotonic() < deadline, "the worker never got going"
-            await asyncio.sleep(0.005)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
-        killed.append(victim)
+    def mid_utterance(client, session_id):
+        # input read but not acknowledged, and partials already written
+        return (client.xpending(edge_key(session_id, "input", "flaky"), "g")["pending"] > 2
+                and client.xlen(edge_key(session_id, "flaky", "__out__")) > 20)
 
     try:
         transport = RedisTransport(own_redis.url, remote_stages={"flaky"})
-        _, out = await run_pipeline(spec, transport, frames, during=kill_owner, pace=0.004)
+        kill = kill_owner_during(own_redis.url, "flaky", workers, killed, mid_utterance)
+        _, out = await run_pipeline(spec, transport, frames, during=kill, pace=0.004)
         await transport.aclose()
     finally:
-        for w in workers:
-            w.kill()
-            w.wait(10)
-    assert killed and "took over stage flaky" in next(w for w in workers if w not in killed).stderr.read()
+        stop_workers(workers)
+    assert "took over stage flaky" in survivor_log(workers, killed)
     finals = [(f.utterance, f.text) for f in out if isinstance(f, TextFrame) and f.final]
     assert finals == [(u, " ".join(f"u{u}w{w}" for w in range(8))) for u in range(12)]
