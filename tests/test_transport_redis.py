@@ -107,3 +107,22 @@ async def test_takeover_keeps_finals_exactly_once_when_partials_vary(tmp_path, o
     assert "took over stage flaky" in survivor_log(workers, killed)
     finals = [(f.utterance, f.text) for f in out if isinstance(f, TextFrame) and f.final]
     assert finals == [(u, " ".join(f"u{u}w{w}" for w in range(8))) for u in range(12)]
+
+
+async def test_undecodable_entry_is_skipped_without_moving_the_checkpoint(own_redis):
+    from streamkit.frames import encode_frame
+    from streamkit.transport.redis import GROUP, RedisInbox, SessionState, ckpt_key, ensure_group
+
+    transport = RedisTransport(own_redis.url)
+    r = transport.redis
+    key = edge_key("badentry", "input", "s")
+    await ensure_group(r, key)
+    await r.hset(ckpt_key("badentry"), "s", b"saved")
+    await r.xadd(key, {"f": b"\xc1 not a frame"})
+    await r.xadd(key, {"f": encode_frame(TextFrame("good"))})
+    inbox = RedisInbox(r, [key], "c1", SessionState(), retry_s=5, checkpoint=(ckpt_key("badentry"), "s", []))
+    delivery = await inbox.get()
+    assert delivery.frame.text == "good"
+    assert (await r.xpending(key, GROUP))["pending"] == 1  # the bad entry is acknowledged, the good one not yet
+    assert await r.hget(ckpt_key("badentry"), "s") == b"saved"
+    await transport.aclose()

@@ -201,7 +201,8 @@ class RedisInbox:
         saved = msgpack.unpackb(raw)
         return int(saved["seq"]), saved.get("state")
 
-    def _accept(self, key: str, entries: list[Any]) -> None:
+    async def _accept(self, key: str, entries: list[Any]) -> None:
+        undecodable = []
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
                 continue
@@ -212,9 +213,12 @@ class RedisInbox:
             except (FrameDecodeError, KeyError) as exc:
                 UNDECODABLE.inc()
                 log.warning("skipping undecodable entry %s on %s: %s", entry_id, key, exc)
-                asyncio.ensure_future(self.ack([(key, entry_id)]))
+                undecodable.append(entry_id)
                 continue
             self._buffer.append(Delivery(frame, (key, entry_id)))
+        if undecodable:
+            # a plain XACK: ack() would also move the stage's checkpoint, which this is not
+            await retrying(lambda: self.r.xack(key, GROUP, *undecodable), "xack", self.retry_s)
 
     async def _reclaim_pending(self) -> None:
         for key in self.keys:
@@ -224,7 +228,7 @@ class RedisInbox:
                     lambda: self.r.xautoclaim(key, GROUP, self.consumer, min_idle_time=0, start_id=start, count=100),
                     "xautoclaim", self.retry_s)
                 next_start, entries = result[0], result[1]
-                self._accept(key, entries)
+                await self._accept(key, entries)
                 next_start = next_start.decode() if isinstance(next_start, bytes) else next_start
                 if next_start == "0-0" or not entries:
                     break
@@ -253,7 +257,7 @@ class RedisInbox:
         result = await retrying(read, "xreadgroup", self.retry_s)
         for key, entries in result or []:
             key = key.decode() if isinstance(key, bytes) else key
-            self._accept(key, entries)
+            await self._accept(key, entries)
 
     async def get(self) -> Delivery:
         while not self._buffer:
