@@ -2,8 +2,10 @@
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# gcc: the engine's native CPU kernels are compiled with -march=native on the machine that runs
+# them, at first use (a few seconds, cached in ~/.cache/streamkit); without it the engine uses torch
 RUN apt-get update \
- && apt-get install -y --no-install-recommends espeak-ng libgomp1 curl \
+ && apt-get install -y --no-install-recommends espeak-ng libgomp1 curl gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
@@ -17,7 +19,7 @@ COPY streamkit ./streamkit
 COPY pipelines ./pipelines
 COPY web ./web
 RUN pip install . \
- && useradd --system --uid 10001 streamkit
+ && useradd --system --create-home --uid 10001 streamkit
 USER streamkit
 
 EXPOSE 8765

@@ -1,11 +1,12 @@
-"""Correctness against Hugging Face transformers loading the same GGUF (CPU, fp32)."""
+"""Correctness against Hugging Face transformers loading the same GGUF (CPU, fp32), for both fp32
+paths of the engine (torch ops and the native kernels)."""
 import asyncio
 import os
 
 import pytest
 import torch
 
-from streamkit.engine import Engine, SamplingParams, default_model_path
+from streamkit.engine import Engine, SamplingParams, default_model_path, native
 from streamkit.engine.model import StepBatch
 from streamkit.engine.reference import PROMPTS, chat, hf_first_logits, hf_greedy, load_hf
 
@@ -13,10 +14,26 @@ pytestmark = pytest.mark.skipif(not os.path.exists(default_model_path()), reason
 N_TOKENS = 32
 
 
-@pytest.fixture(scope="module")
-def ours():
-    eng = Engine(default_model_path(), "cpu", weights="fp32", kv_cache_tokens=8192)
+# both fp32 paths of the engine: torch ops, and the native kernels with fp32 activations and KV cache
+FP32_MODES = ["fp32"] + (["native-fp32"] if native.available() else [])
+
+
+def _engine(weights: str) -> Engine:
+    eng = Engine(default_model_path(), "cpu", weights=weights, kv_cache_tokens=8192)
     eng.load()
+    return eng
+
+
+@pytest.fixture(scope="module", params=FP32_MODES)
+def ours(request):
+    eng = _engine(request.param)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def torch_fp32():
+    eng = _engine("fp32")
     yield eng
     eng.close()
 
@@ -90,10 +107,10 @@ def test_greedy_matches_transformers_20_prompts(ours, hf):
     _check(ours, hf, PROMPTS[:20], concurrent=True)
 
 
-def test_graph_runner_emulated_matches_eager(ours):
+def test_graph_runner_emulated_matches_eager(torch_fp32):
     """The CUDA-graph runner's static buffers, bucket padding and trash-block rows, run eagerly on CPU."""
     prompts = PROMPTS[3:6]
-    all_ids = [_ids(ours, p) for p in prompts]
+    all_ids = [_ids(torch_fp32, p) for p in prompts]
 
     async def run(eng):
         return await asyncio.gather(*[_ours_greedy(eng, ids) for ids in all_ids])
@@ -102,6 +119,6 @@ def test_graph_runner_emulated_matches_eager(ours):
                max_model_len=256, max_num_seqs=8)
     try:
         assert g.core.graphs is not None and g.core.graphs.buckets[:3] == [1, 2, 4]
-        assert asyncio.run(run(g)) == asyncio.run(run(ours))
+        assert asyncio.run(run(g)) == asyncio.run(run(torch_fp32))
     finally:
         g.close()

@@ -17,7 +17,9 @@ import torch
 
 from streamkit.engine.gguf_loader import load_gguf
 from streamkit.engine.kv_cache import PagedKVCache
+from streamkit.engine.linear import resolve_cpu_mode
 from streamkit.engine.model import LlamaModel, StepBatch
+from streamkit.engine.native.model import MODES as NATIVE_MODES, NativeLlamaModel
 from streamkit.engine.sampler import make_generator, sample_batch
 from streamkit.engine.scheduler import ScheduledStep, Scheduler
 from streamkit.engine.sequence import Sequence, State
@@ -52,19 +54,30 @@ class EngineCore:
 
             self._tuner = ThreadTuner(torch.get_num_threads())
         t0 = time.perf_counter()
-        gm = load_gguf(model_path)
+        mode = weights or ("bf16" if cuda else "auto")
+        if not cuda:
+            mode = resolve_cpu_mode(mode)
+        native_mode = mode in NATIVE_MODES
+        if native_mode and cuda:
+            raise ValueError(f"weights={mode!r} runs on the CPU only")
+        gm = load_gguf(model_path, raw=native_mode)
         self.model_path = model_path
         self.config = gm.config
         self.metadata = gm.metadata
         self.tokenizer = Tokenizer(gm.metadata)
         self.chat_template = ChatTemplate.from_metadata(gm.metadata, self.tokenizer.tokens)
-        self.model = LlamaModel(gm, self.device, weights=weights, attn_backend=attn_backend)
+        if native_mode:
+            self.model = NativeLlamaModel(gm, mode)
+            self.model.reuse_logits = True  # step() samples from the logits before the next forward
+        else:
+            self.model = LlamaModel(gm, self.device, weights=mode, attn_backend=attn_backend)
         del gm
         cfg = self.config
         self.max_model_len = min(max_model_len or (4096 if cuda else 2048), cfg.context_length)
         # kv_dtype="bf16" on CPU: 11-15 % faster steps at 16-64 streams (decode attention is bound by
         # gathering K/V) but greedy agreement with fp32 fell from 16/20 to 12/20 prompts: opt-in
-        kv_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(kv_dtype or "", self.model.act_dtype)
+        kv_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(
+            kv_dtype or "", getattr(self.model, "kv_dtype", self.model.act_dtype))
         per_tok = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * torch.tensor([], dtype=kv_dtype).element_size()
         if kv_cache_tokens is None:
             kv_cache_tokens = _env_int("STREAMKIT_KV_TOKENS", 0) or None
@@ -152,6 +165,10 @@ class EngineCore:
             seq: Sequence = payload
             if not seq.prompt_ids:
                 seq.emit("error", "empty prompt")
+                return
+            bad = next((t for t in seq.prompt_ids if not 0 <= t < self.config.vocab_size), None)
+            if bad is not None:
+                seq.emit("error", f"prompt token id {bad} is out of range for a vocabulary of {self.config.vocab_size}")
                 return
             if len(seq.prompt_ids) >= self.max_model_len:
                 seq.emit("error", f"prompt has {len(seq.prompt_ids)} tokens; max_model_len is {self.max_model_len}")

