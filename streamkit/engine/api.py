@@ -101,11 +101,8 @@ class Engine:
         ids = self.encode(prompt)
         q: asyncio.Queue = asyncio.Queue()
 
-        def emit(kind, payload, _put=q.put_nowait):
-            try:
-                loop.call_soon_threadsafe(_put, (kind, payload))
-            except RuntimeError:  # loop closed: consumer is gone
-                pass
+        def emit(kind, payload, _put=q.put_nowait, _post=core.delivery.post):
+            _post(loop, _put, (kind, payload))  # the engine thread flushes once per step
 
         seq = Sequence(prompt_ids=ids, params=params, emit=emit, want_tokens=want_tokens, ignore_eos=ignore_eos)
         done = False

@@ -26,6 +26,7 @@ from streamkit.engine.sequence import Sequence, State
 from streamkit.engine.stop import StopChecker
 from streamkit.engine.tokenizer import IncrementalDecoder, Tokenizer
 from streamkit.engine.chat_template import ChatTemplate
+from streamkit.engine.delivery import Delivery
 
 log = logging.getLogger("streamkit.engine")
 
@@ -105,6 +106,7 @@ class EngineCore:
                                           emulate=emulate)
             self.graphs.capture()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.delivery = Delivery()  # what the sequences' emit() posts to asyncio loops, flushed per step
         self._seqs: dict[int, Sequence] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -209,6 +211,8 @@ class EngineCore:
                     self._seqs.pop(seq.id, None)
                     self.scheduler.free(seq)
                     seq.emit("error", f"engine error: {e}")
+            finally:
+                self.delivery.flush()
 
     # ---------------------------------------------------------------- one step
     def _build(self, st: ScheduledStep) -> tuple[StepBatch, list[tuple[Sequence, int]], list[Sequence]]:
