@@ -370,7 +370,9 @@ def test_region_tracking_keeps_face_recall():
             assert any(iou(r["box"], g["box"]) > 0.6 for g in got), (i, r, got)
         for box in truth[i]:
             assert any(contains(box, g["box"], slack=12) for g in got), (i, box, got)
-    assert tracked.stats() == {"full": 1, "regions": len(frames) - 1, "skipped": 0}
+    # the still face is reported again without a search (11 later frames); the 8 frames where the
+    # second face slides in are region searches; the 3 before it have nothing to search
+    assert tracked.stats() == {"full": 1, "regions": 8, "skipped": 3, "held": 11}
     # without motion information every frame is a whole-frame search
     plain = RegionTracker(HaarFaceDetector(width=640), full_every=1000)
     for img in frames[:3]:
@@ -380,6 +382,37 @@ def test_region_tracking_keeps_face_recall():
     tracked.reset()
     tracked.detect(Pyramid(frames[0]), [])
     assert tracked.stats()["full"] == 2
+
+
+@pytest.mark.skipif(face_image_path() is None, reason="no face photograph installed (scikit-image ships one)")
+def test_held_face_is_searched_again_once_it_moves():
+    """A face held without search while still is looked for again when it moves: it is reported
+    where it went, and never at the place it left."""
+    import cv2
+
+    from streamkit.video.detectors import Pyramid, RegionTracker
+    from streamkit.video.synth import face_image
+
+    rng = np.random.default_rng(2)
+    bg = cv2.resize(rng.integers(40, 200, (23, 40, 3), dtype=np.uint8), (640, 360), interpolation=cv2.INTER_CUBIC)
+    face = face_image(height=120)
+    fh, fw = face.shape[:2]
+    frames = []
+    for x in (40, 40, 40, 300, 300):  # still for three frames, then it moves 260 px right
+        img = bg.copy()
+        img[120:120 + fh, x:x + fw] = face
+        frames.append(img)
+    tracked = RegionTracker(HaarFaceDetector(width=640), full_every=1000)
+    motion = MotionDetector()
+    boxes = [[o["box"] for o in tracked.detect(Pyramid(img), motion.detect(Pyramid(img)))] for img in frames]
+    whole = HaarFaceDetector(width=640)
+    before, after = whole.detect(frames[0])[0]["box"], whole.detect(frames[3])[0]["box"]
+    assert boxes[1] == boxes[2] == [before]  # held
+    for got in boxes[3:]:
+        assert len(got) == 1 and iou(got[0], after) > 0.8, got
+    # frame 3 searches where it moved; frame 4 holds it there and still searches once around the
+    # place it left (looked for there for `memory` frames)
+    assert tracked.stats() == {"full": 1, "regions": 2, "skipped": 2, "held": 3}
 
 
 @pytest.mark.skipif(face_image_path() is None, reason="no face photograph installed (scikit-image ships one)")

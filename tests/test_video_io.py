@@ -107,6 +107,19 @@ def test_capture_file_keeps_every_frame_and_pts(clip):
     assert source.stats()["dropped"] == 0
 
 
+def test_capture_file_decodes_ahead_only_up_to_its_buffer(clip):
+    path, _ = clip
+    frame_bytes = 320 * 180 * 3
+    source = VideoSource(str(path), drop="none", buffer_mb=5.5 * frame_bytes / 2**20).start()
+    first = source.get()
+    time.sleep(0.5)  # a stalled consumer: the decoder fills the buffer, then waits
+    ahead = source.stats()["decoded"] - source.stats()["delivered"]
+    rest = list(iter(source.get, None))
+    source.close()
+    assert ahead == 6  # 5 whole frames fit in 5.5 frames' worth of bytes; a sixth waits for room
+    assert first.index == 0 and [f.index for f in rest] == list(range(1, len(rest) + 1))
+
+
 def test_capture_latest_frame_wins_reports_drops(clip):
     path, truth = clip
     source = VideoSource(str(path), drop="latest").start()

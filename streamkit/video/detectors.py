@@ -335,6 +335,11 @@ class RegionTracker:
     searches only regions of interest: around what it found in the last `memory` frames and
     where something moved (the motion detector's regions of the same frame).
 
+    What was found and has not moved since (no motion region touches the area around it) is
+    still where it was: it is reported again without a search. Nothing changes in a region
+    without its pixels changing, so this loses nothing that a region search would find, and a
+    still face or person costs nothing between whole-frame passes.
+
     A new object shows up by moving into view (a motion region), by a scene cut (`reset()`,
     whose next frame is a whole-frame pass) or, if it appears without either, at the next
     whole-frame pass; objects already found are followed in their regions. When the regions
@@ -347,31 +352,38 @@ class RegionTracker:
         self.name = detector.name
         self.full_every, self.margin, self.motion_margin = max(1, int(full_every)), margin, motion_margin
         self.pad, self.memory, self.max_area = pad, max(1, int(memory)), max_area
-        self.full_scans = self.roi_scans = self.skipped = 0
+        self.full_scans = self.roi_scans = self.skipped = self.held = 0
         self.reset()
 
     def reset(self) -> None:
         self._since: int | None = None  # analysed frames since the last whole-frame pass
-        self._recent: list[tuple[list[int], int]] = []  # (box, frames since it was seen)
+        self._recent: list[tuple[Obj, int]] = []  # (object found, frames since it was seen)
 
     def detect(self, image: "np.ndarray | Pyramid", motion: Sequence[Obj] | None = None) -> list[Obj]:
         h, w = _source(image).shape[:2]
         full = motion is None or self.full_every <= 1 or self._since is None or self._since + 1 >= self.full_every
         rois: list[Rect] = []
         sizes: list[tuple[float, float] | None] = []
+        still: list[Obj] = []
         if not full:
-            # around what was found: objects of about the same size (it moves: a motion region)
-            for b, _ in self._recent:
-                rois.append(expand_box(b, self.margin, self.pad, w, h))
-                side = max(b[2], b[3])
-                sizes.append((side * 0.7, side * 1.45))
             moved = merge_rects([expand_box(o["box"], self.motion_margin, self.pad, w, h) for o in motion or ()],
                                 gap=self.pad)
+            for obj, age in self._recent:
+                b = obj["box"]
+                around = expand_box(b, self.margin, self.pad, w, h)
+                if age == 0 and not any(_rects_touch(around, m) for m in moved):
+                    still.append(obj)  # seen last frame and nothing moved around it
+                    continue
+                # around what was found: objects of about the same size (it moves: a motion region)
+                rois.append(around)
+                side = max(b[2], b[3])
+                sizes.append((side * 0.7, side * 1.45))
             rois += moved
             sizes += [None] * len(moved)
             full = sum((r[2] - r[0]) * (r[3] - r[1]) for r in rois) > self.max_area * w * h
         if full:
             objs = self.detector.detect(image)
+            still = []
             self._since = 0
             self.full_scans += 1
         else:
@@ -382,14 +394,23 @@ class RegionTracker:
             else:
                 objs = []
                 self.skipped += 1
-        kept = [(b, age + 1) for b, age in self._recent if age + 1 < self.memory]
-        fresh = [o["box"] for o in objs]
-        kept = [(b, age) for b, age in kept if not any(_overlaps(b, f) for f in fresh)]
-        self._recent = [(b, 0) for b in fresh] + kept
+            still = [o for o in still if not any(_overlaps(o["box"], f["box"]) for f in objs)]
+            self.held += len(still)
+            objs = objs + still
+        kept = [(o, age + 1) for o, age in self._recent if age + 1 < self.memory]
+        kept = [(o, age) for o, age in kept if not any(_overlaps(o["box"], f["box"]) for f in objs)]
+        self._recent = [(o, 0) for o in objs] + kept
         return objs
 
     def stats(self) -> dict[str, int]:
-        return {"full": self.full_scans, "regions": self.roi_scans, "skipped": self.skipped}
+        """Whole-frame passes, region passes, frames with nothing to search, and still objects
+        reported again without a search."""
+        return {"full": self.full_scans, "regions": self.roi_scans, "skipped": self.skipped, "held": self.held}
+
+
+def _rects_touch(a: Rect, b: Rect) -> bool:
+    """(x0, y0, x1, y1) rectangles that overlap or share an edge."""
+    return a[0] <= b[2] and b[0] <= a[2] and a[1] <= b[3] and b[1] <= a[3]
 
 
 def _overlaps(a: Sequence[float], b: Sequence[float]) -> bool:
