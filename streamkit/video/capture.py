@@ -248,7 +248,7 @@ class VideoSource:
                     self._waiter = (loop, fut)
             if item is not None:
                 if item.pending is not None and not item.pending.done():
-                    await asyncio.wrap_future(item.pending)
+                    await asyncio.wait([asyncio.wrap_future(item.pending)])  # its error is raised below
                 return self._converted(item)
             try:
                 await fut
