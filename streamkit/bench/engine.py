@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import resource
@@ -164,40 +165,46 @@ def peer_main(spec_path: str) -> int:
     if dev.startswith("cuda"):
         res["peer_peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     res["peer_peak_rss_mb"] = round(_rss_peak_mb(), 1)
-    # optional second peer: llama.cpp on the same Q4_1 file
-    try:
-        from llama_cpp import Llama  # type: ignore
-
-        llm = Llama(model_path=spec["model_path"], n_ctx=1024, n_threads=os.cpu_count(), verbose=False,
-                    n_gpu_layers=-1 if dev.startswith("cuda") else 0)
-        toks = prompts[0]
-        llm.reset()
-        llm.eval(toks)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            tok = llm.sample(temp=0.0)
-            llm.eval([tok])
-        res["llamacpp_b1_tps"] = round(n / (time.perf_counter() - t0), 2)
-        print(f"[bench engine] llama.cpp b1: {res['llamacpp_b1_tps']} tok/s", file=sys.stderr, flush=True)
-    except ImportError:
-        pass
-    except Exception as e:  # pragma: no cover
-        res["llamacpp_error"] = str(e)[:200]
     print(json.dumps(res))
     return 0
 
 
-def run_peer(spec: dict, timeout: float) -> dict:
+def llamacpp_main(spec_path: str) -> int:
+    """Optional second peer, in a process of its own: llama.cpp on the same Q4_1 file, batch 1."""
+    spec = json.load(open(spec_path))
+    try:
+        from llama_cpp import Llama  # type: ignore
+    except ImportError:
+        print(json.dumps({}))
+        return 0
+    dev = spec.get("device", "cpu")
+    llm = Llama(model_path=spec["model_path"], n_ctx=1024, n_threads=os.cpu_count(), verbose=False,
+                n_gpu_layers=-1 if dev.startswith("cuda") else 0)
+    n = spec["n_tokens"]
+    llm.reset()
+    llm.eval(spec["prompt_ids"][0])
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tok = llm.sample(temp=0.0)
+        llm.eval([tok])
+    tps = round(n / (time.perf_counter() - t0), 2)
+    print(f"[bench engine] llama.cpp b1: {tps} tok/s", file=sys.stderr, flush=True)
+    print(json.dumps({"llamacpp_b1_tps": tps}))
+    return 0
+
+
+def run_peer(spec: dict, timeout: float, flag: str = "--peer-spec", name: str = "peer") -> dict:
+    """Run a peer in its own process (its memory and threads are its own, and a crash stays there)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
         path = f.name
     try:
-        p = subprocess.run([sys.executable, "-m", "streamkit.bench.engine", "--peer-spec", path],
+        p = subprocess.run([sys.executable, "-m", "streamkit.bench.engine", flag, path],
                            stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout)
         lines = [line for line in p.stdout.strip().splitlines() if line.startswith("{")]
-        return json.loads(lines[-1]) if lines else {"peer_error": f"exit {p.returncode}"}
+        return json.loads(lines[-1]) if lines else {f"{name}_error": f"exit {p.returncode}"}
     except subprocess.TimeoutExpired:
-        return {"peer_error": "timeout"}
+        return {f"{name}_error": "timeout"}
     finally:
         os.unlink(path)
 
@@ -216,9 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--greedy-prompts", type=int, default=None)
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--peer-spec", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--llamacpp-spec", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.peer_spec:
         return peer_main(a.peer_spec)
+    if a.llamacpp_spec:
+        return llamacpp_main(a.llamacpp_spec)
 
     import torch
 
@@ -306,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         peer = run_peer(spec, timeout=3000)
         peer_greedy = peer.pop("peer_greedy", None)
         res.update(peer)
+        if importlib.util.find_spec("llama_cpp") is not None:
+            log("peer: llama.cpp (subprocess) ...")
+            res.update(run_peer(spec, timeout=600, flag="--llamacpp-spec", name="llamacpp"))
+            if res.get("llamacpp_b1_tps"):
+                res["ratio_llamacpp_b1"] = round(res["ours_b1_tps"] / res["llamacpp_b1_tps"], 2)
         if peer_greedy is not None:
             for key, mine in ours_greedy.items():
                 match = [o == p for o, p in zip(mine, peer_greedy)]
@@ -324,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     res.setdefault("ratio_b1", None)
     res["wall_s"] = round(time.perf_counter() - t_start, 1)
     keys = ["device", "weights", "ours_b1_tps", "peer_b1_tps", "ratio_b1", "ours_b16_tps", "peer_b16_tps",
-            "ratio_b16", "greedy_match", "greedy_match_timed_build", "ttft_ms_p50", "roofline_fraction"]
+            "ratio_b16", "greedy_match", "greedy_match_timed_build", "ttft_ms_p50", "roofline_fraction",
+            "llamacpp_b1_tps", "ratio_llamacpp_b1"]
     for k in keys:
         print(f"{k:>20}: {res.get(k)}")
     for c in conc:
