@@ -17,7 +17,7 @@ import torch
 
 from streamkit.engine.gguf_loader import load_gguf
 from streamkit.engine.kv_cache import PagedKVCache
-from streamkit.engine.linear import resolve_cpu_mode
+from streamkit.engine.linear import resolve_weights
 from streamkit.engine.model import LlamaModel, StepBatch
 from streamkit.engine.native.model import MODES as NATIVE_MODES, NativeLlamaModel
 from streamkit.engine.sampler import make_generator, sample_batch
@@ -55,9 +55,7 @@ class EngineCore:
 
             self._tuner = ThreadTuner(torch.get_num_threads())
         t0 = time.perf_counter()
-        mode = weights or ("bf16" if cuda else "auto")
-        if not cuda:
-            mode = resolve_cpu_mode(mode)
+        mode = resolve_weights(weights, cuda)
         native_mode = mode in NATIVE_MODES
         if native_mode and cuda:
             raise ValueError(f"weights={mode!r} runs on the CPU only")

@@ -69,13 +69,17 @@ def int4_available() -> bool:
     return _INT4
 
 
-def resolve_cpu_mode(mode: str, native_ok: bool = True) -> str:
-    """`auto` on CPU: the native kernels (streamkit.engine.native) where they build and `native_ok`,
+def resolve_weights(weights: str | None, cuda: bool, native_ok: bool = True) -> str:
+    """The weight mode an engine runs: bf16 on CUDA unless asked otherwise; on CPU `auto` (the
+    default) is the native kernels (streamkit.engine.native) where they build and `native_ok`,
     else the best torch format.
 
     w8a8 is faster than the other torch formats but its per-tensor activation quantization breaks
     on this model's activation outliers (greedy agreement with fp32: 1/20 prompts vs 16/20 for
     int8+bf16), so it is opt-in only."""
+    mode = weights or ("bf16" if cuda else "auto")
+    if cuda:
+        return mode
     if mode == "auto":
         from streamkit.engine import native
 

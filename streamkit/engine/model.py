@@ -73,11 +73,9 @@ class LlamaModel:
         self.cfg: LlamaConfig = gm.config
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
-        from streamkit.engine.linear import resolve_cpu_mode
+        from streamkit.engine.linear import resolve_weights
 
-        self.weights = weights or ("bf16" if cuda else "auto")
-        if not cuda:
-            self.weights = resolve_cpu_mode(self.weights, native_ok=False)
+        self.weights = resolve_weights(weights, cuda, native_ok=False)
         self.act_dtype = torch.bfloat16 if (cuda and self.weights != "fp32") else torch.float32
         self.attn_backend = attn_backend or ("triton" if cuda and HAVE_TRITON else "torch")
         cfg = self.cfg
