@@ -28,10 +28,12 @@ pytestmark = [
 QT = gguf.GGMLQuantizationType
 
 
-def _matmul(w, x: torch.Tensor, amx_min_rows: int) -> torch.Tensor:
-    y = torch.empty(x.shape[0], w.n)
+def _matmul(w, x: torch.Tensor, amx_min_rows: int, y: torch.Tensor | None = None) -> torch.Tensor:
+    """y (+)= x . W^T: accumulates into y when one is given."""
+    acc = y is not None
+    y = y.clone() if acc else torch.empty(x.shape[0], w.n)
     rc = native.load().sk_matmul(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, x.shape[0], native.ptr(x),
-                                 native.ptr(y), 0, amx_min_rows, 2)
+                                 native.ptr(y), int(acc), amx_min_rows, 2)
     assert rc == 0
     return y
 
@@ -79,6 +81,27 @@ def test_amx_matmul_is_bf16_close(raw_model, rows):
     got = _matmul(w, x, amx_min_rows=6)
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     assert 1e-6 < err < 1e-2  # bf16 operands: visibly rounded, never wrong
+
+
+@pytest.mark.skipif(not native.amx(), reason="no AMX tiles on this CPU")
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_0, QT.Q8_0, QT.F32])
+def test_amx_matmul_every_format_accumulates(qtype):
+    """Each weight format's AMX strips (the 4-bit ones dequantize in a permuted k order that x is
+    packed in too), an odd output width (a strip of one tile) and y += x . W^T."""
+    rng = np.random.default_rng(int(qtype))
+    n, k, rows = 80, 160, 19
+    dense = rng.standard_normal((n, k)).astype(np.float32)
+    w = pack(qtype.name, dense if qtype == QT.F32 else quantize(dense, qtype))
+    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
+    y0 = torch.from_numpy(rng.standard_normal((rows, n)).astype(np.float32))
+    ref = y0 + x @ torch.from_numpy(native_dequantize(w)).T
+    got = _matmul(w, x, amx_min_rows=6, y=y0)
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-2, err
+    # the same call below the AMX threshold takes the exact fp32 path
+    exact = _matmul(w, x, amx_min_rows=0, y=y0)
+    assert torch.allclose(exact, ref, rtol=1e-5, atol=1e-4 * ref.abs().max())
+    assert (got - exact).abs().max() > 0  # and the AMX result is the bf16 one, not that path's
 
 
 def _cache(cfg, dtype):

@@ -54,6 +54,9 @@ typedef struct {
 
 static const float J_Q4_1[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 static const float J_Q4_0[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+/* the order the AMX path dequantizes a 4-bit block's 32 values in (see dq_strip) */
+static const uint16_t Q4_ORDER[32] = {0,  2,  4,  6,  8,  10, 12, 14, 1,  3,  5,  7,  9,  11, 13, 15,
+                                      16, 18, 20, 22, 24, 26, 28, 30, 17, 19, 21, 23, 25, 27, 29, 31};
 
 /* Block kb of row n -> lo = values 0..15, hi = values 16..31, bit-identical to gguf's dequantize
  * (Q4_1 d*q + m, Q4_0 d*(q-8), Q8_0 q*d, in fp32). The 4-bit formats dequantize a 16-entry table
@@ -204,12 +207,43 @@ static void amx_configure(void) {
     _tile_loadconfig(&cfg);
 }
 
+/* r[i][j] -> r[j][i] for a 16 x 16 block of floats held in 16 registers */
+INLINE void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = (__m512)_mm512_unpacklo_pd((__m512d)t[i], (__m512d)t[i + 2]);
+        r[i + 1] = (__m512)_mm512_unpackhi_pd((__m512d)t[i], (__m512d)t[i + 2]);
+        r[i + 2] = (__m512)_mm512_unpacklo_pd((__m512d)t[i + 1], (__m512d)t[i + 3]);
+        r[i + 3] = (__m512)_mm512_unpackhi_pd((__m512d)t[i + 1], (__m512d)t[i + 3]);
+    }
+    /* r[4g + c], 128-bit lane L: column c + 4L of rows 4g..4g+3; a 4 x 4 transpose of lanes is left */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+        r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
+    }
+}
+
 /* x [M][K] fp32 -> bf16 "B" tiles [MT][K/32][16 pair rows][16 rows of x][2], zero padded: tile
- * (mt, kb) holds x[mt*16 + m][kb*32 + 2p + j] at pair row p, column m, element j. */
-static void pack_x_team(const float *x, int ldx, int M, int K, uint32_t *xb, sk_team *t) {
+ * (mt, kb) holds x[mt*16 + m][kb*32 + order[2p + j]] at pair row p, column m, element j, where
+ * order is the k order the weight strips are dequantized in (Q4_ORDER for 4-bit weights, else
+ * 0..31): any order works as long as both operands share it. */
+static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t *xb, sk_team *t) {
     const int MT = (M + 15) / 16, NB = K / 32;
     const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32(16));
+    const __m512i order = _mm512_loadu_si512(Q4_ORDER);
     int i0, i1;
     team_span(t, MT * NB, &i0, &i1);
     for (int i = i0; i < i1; i++) {
@@ -221,6 +255,7 @@ static void pack_x_team(const float *x, int ldx, int M, int K, uint32_t *xb, sk_
             if (row < M) {
                 const float *p = x + (size_t)row * ldx + kb * 32;
                 v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+                if (q4) v = _mm512_permutexvar_epi16(order, v);
             }
             _mm512_i32scatter_epi32(tile + m, stride, v, 4);
         }
@@ -228,10 +263,16 @@ static void pack_x_team(const float *x, int ldx, int M, int K, uint32_t *xb, sk_
 }
 
 /* 16 weight rows (output columns n0..n0+15) -> bf16 [16][K], the "A" operand of every tile of the
- * strip. 4-bit blocks: the 16-entry table d*j + m is rounded to bf16 once and picked with vpermw
- * (indices use their low 5 bits, so the table is stored twice and the low nibbles need no mask). */
+ * strip. 4-bit blocks: the 16-entry table d*j + m is rounded to bf16 once, stored twice (vpermw
+ * reads 5 index bits) and picked with vpermw. The indices come from one broadcast load of the
+ * block's 16 bytes shifted per 128-bit lane by 0, 8, 4, 12 bits: word i of lane l then holds in
+ * its low bits the low (l = 0, 1) or high (l = 2, 3) nibble of byte 2i + (l & 1), so the values
+ * come out in Q4_ORDER, not 0..31 (no cross-lane shuffle to put them back; x is packed in the same
+ * order). Two port-5 ops a block instead of five. */
 INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf) {
     const int K = w->k, NB = K / 32;
+    const __m512i shifts = _mm512_set_epi64(0x000c000c000c000cLL, 0x000c000c000c000cLL, 0x0004000400040004LL,
+                                            0x0004000400040004LL, 0x0008000800080008LL, 0x0008000800080008LL, 0, 0);
     for (int c = 0; c < 16; c++) {
         uint16_t *dst = buf + (size_t)c * K;
         prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
@@ -240,13 +281,11 @@ INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf) {
             if (fmt == SK_Q4_1 || fmt == SK_Q4_0) {
                 const size_t b = (size_t)(n0 + c) * NB + kb;
                 const float *s = w->sc + 2 * b;
-                const __m512 tbl = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(s[0]),
-                                                               _mm512_loadu_ps(fmt == SK_Q4_1 ? J_Q4_1 : J_Q4_0)),
-                                                 _mm512_set1_ps(s[1]));
-                const __m512i t32 = _mm512_broadcast_i64x4((__m256i)_mm512_cvtneps_pbh(tbl));
-                const __m256i q16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w->qs + 16 * b)));
-                const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(q16), _mm256_srli_epi16(q16, 4), 1);
-                v = _mm512_permutexvar_epi16(idx, t32);
+                const __m512 tbl = _mm512_fmadd_ps(_mm512_set1_ps(s[0]), _mm512_loadu_ps(fmt == SK_Q4_1 ? J_Q4_1 : J_Q4_0),
+                                                   _mm512_set1_ps(s[1]));
+                const __m512i t32 = (__m512i)_mm512_cvtne2ps_pbh(tbl, tbl);
+                const __m512i q = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w->qs + 16 * b)));
+                v = _mm512_permutexvar_epi16(_mm512_srlv_epi16(q, shifts), t32);
             } else {
                 __m512 lo, hi;
                 dq_block(fmt, w, n0 + c, kb, &lo, &hi);
@@ -285,7 +324,7 @@ static uint16_t *strip_buffer(size_t elems) {
 static void mm_amx_team(const sk_w *w, int M, const float *x, int ldx, uint32_t *xb, float *y, int ldy, int acc,
                         sk_team *t) {
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
-    pack_x_team(x, ldx, M, K, xb, t);
+    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0, xb, t);
     team_barrier(t);
     uint16_t *buf = strip_buffer((size_t)32 * K);
     float ctile[2][16 * 16] __attribute__((aligned(64)));
@@ -311,11 +350,15 @@ static void mm_amx_team(const sk_w *w, int M, const float *x, int ldx, uint32_t 
             _tile_stored(0, ctile[0], 64);
             if (two) _tile_stored(1, ctile[1], 64);
             const int rows = M - mt * 16 < 16 ? M - mt * 16 : 16;
-            for (int h = 0; h <= two; h++)
+            for (int h = 0; h <= two; h++) {
+                __m512 r[16];
+                for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(ctile[h] + i * 16);
+                transpose16(r); /* the tile is [output column][row of x]; y wants rows */
                 for (int m = 0; m < rows; m++) {
                     float *o = y + (size_t)(mt * 16 + m) * ldy + n0 + h * 16;
-                    for (int i = 0; i < 16; i++) o[i] = acc ? o[i] + ctile[h][i * 16 + m] : ctile[h][i * 16 + m];
+                    _mm512_storeu_ps(o, acc ? _mm512_add_ps(_mm512_loadu_ps(o), r[m]) : r[m]);
                 }
+            }
         }
     }
 }
