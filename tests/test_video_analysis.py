@@ -17,6 +17,7 @@ from streamkit.frames import EventFrame, VideoFrame
 from streamkit.media import iter_video
 from streamkit.pipeline import load_pipeline, parse_pipeline
 from streamkit.runtime import Session
+from streamkit.stages.video import FaceOptions
 from streamkit.transport import MemoryTransport
 from streamkit.video.detectors import HaarFaceDetector, HogPeopleDetector, MotionDetector, detect_all
 from streamkit.video.scene import FixedRateSampler, SceneSampler
@@ -430,7 +431,7 @@ async def test_pipeline_tracked_faces_match_whole_frame_search(clip):
         await session.close()
         return [[o["box"] for o in d.data["objects"] if o["label"] == "face"] for d in dets], stats
 
-    tracked, stats = await faces(15)
+    tracked, stats = await faces(FaceOptions().full_every)
     whole, whole_stats = await faces(1)
     assert stats["face"]["regions"] > 0 and whole_stats["face"]["regions"] == 0
     assert len(tracked) == len(whole) == 20
