@@ -11,12 +11,12 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import uuid
 
 from streamkit.engine import protocol as P
 from streamkit.engine.params import SamplingParams
+from streamkit.shutdown import stop_on_signals
 
 log = logging.getLogger("streamkit.engine")
 
@@ -157,13 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def go():
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):
-                pass
+        stop = stop_on_signals()
         await run_worker(a.redis, a.model, a.device, stop, prefix=a.prefix)
 
     asyncio.run(go())

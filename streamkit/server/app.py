@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from streamkit.server import metrics as M
 from streamkit.server.limits import Limits, Security, is_loopback
 from streamkit.server.protocol import DEFAULT_MAX_MESSAGE
 from streamkit.server.session import Connection
+from streamkit.shutdown import stop_on_signals
 
 log = logging.getLogger("streamkit.server")
 
@@ -346,13 +346,7 @@ def server_from_args(args: argparse.Namespace) -> StreamServer:
 
 
 async def run_until_signal(server: StreamServer) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+    stop = stop_on_signals()
     await server.start()
     await stop.wait()
     server.progress("signal received: flushing sessions and stopping")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import uuid
 from typing import Any
 
@@ -21,6 +20,7 @@ import msgpack
 
 from streamkit.pipeline import spec_from_mapping
 from streamkit.runtime import StageHost
+from streamkit.shutdown import stop_on_signals
 from streamkit.stage import StageContext, get_stage_class
 from streamkit.transport.base import TransportClosed
 from streamkit.transport.redis import (WORK_GROUP, RedisTransport, SessionState, ensure_group, retrying,
@@ -142,8 +142,5 @@ class StageWorker:
 
 
 async def run_stage_worker(redis_url: str, stage: str, **kwargs: Any) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     await StageWorker(redis_url, stage, **kwargs).run(stop)
