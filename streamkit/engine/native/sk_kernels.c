@@ -271,27 +271,34 @@ static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t 
  * order). Two port-5 ops a block instead of five. */
 INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf) {
     const int K = w->k, NB = K / 32;
-    const __m512i shifts = _mm512_set_epi64(0x000c000c000c000cLL, 0x000c000c000c000cLL, 0x0004000400040004LL,
-                                            0x0004000400040004LL, 0x0008000800080008LL, 0x0008000800080008LL, 0, 0);
+    if (fmt == SK_Q4_1 || fmt == SK_Q4_0) {
+        /* the strip's rows are contiguous in qs, sc and buf: one pass over 16 * NB blocks, with
+         * the pointers in registers (through w they were reloaded every block: buf may alias) */
+        const __m512i shifts = _mm512_set_epi64(0x000c000c000c000cLL, 0x000c000c000c000cLL, 0x0004000400040004LL,
+                                                0x0004000400040004LL, 0x0008000800080008LL, 0x0008000800080008LL, 0, 0);
+        const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_1 ? J_Q4_1 : J_Q4_0);
+        const uint8_t *q = w->qs + (size_t)n0 * NB * 16;
+        const float *s = w->sc + (size_t)n0 * NB * 2;
+        uint16_t *dst = buf;
+        for (int c = 0; c < 16; c++) {
+            prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
+#pragma GCC unroll 2
+            for (int kb = 0; kb < NB; kb++, q += 16, s += 2, dst += 32) {
+                const __m512 tbl = _mm512_fmadd_ps(_mm512_set1_ps(s[0]), J, _mm512_set1_ps(s[1]));
+                const __m512i t32 = (__m512i)_mm512_cvtne2ps_pbh(tbl, tbl);
+                const __m512i qq = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q));
+                _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_srlv_epi16(qq, shifts), t32));
+            }
+        }
+        return;
+    }
     for (int c = 0; c < 16; c++) {
         uint16_t *dst = buf + (size_t)c * K;
         prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
         for (int kb = 0; kb < NB; kb++) {
-            __m512i v;
-            if (fmt == SK_Q4_1 || fmt == SK_Q4_0) {
-                const size_t b = (size_t)(n0 + c) * NB + kb;
-                const float *s = w->sc + 2 * b;
-                const __m512 tbl = _mm512_fmadd_ps(_mm512_set1_ps(s[0]), _mm512_loadu_ps(fmt == SK_Q4_1 ? J_Q4_1 : J_Q4_0),
-                                                   _mm512_set1_ps(s[1]));
-                const __m512i t32 = (__m512i)_mm512_cvtne2ps_pbh(tbl, tbl);
-                const __m512i q = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w->qs + 16 * b)));
-                v = _mm512_permutexvar_epi16(_mm512_srlv_epi16(q, shifts), t32);
-            } else {
-                __m512 lo, hi;
-                dq_block(fmt, w, n0 + c, kb, &lo, &hi);
-                v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-            }
-            _mm512_storeu_si512(dst + kb * 32, v);
+            __m512 lo, hi;
+            dq_block(fmt, w, n0 + c, kb, &lo, &hi);
+            _mm512_storeu_si512(dst + kb * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
     }
 }
