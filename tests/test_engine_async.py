@@ -88,12 +88,18 @@ async def test_task_cancel_frees(engine):
     core = engine.core
     free0 = core.cache.allocator.num_free
 
+    started = asyncio.Event()
+
     async def consume():
-        async for _ in engine.generate("Count to one thousand:", SamplingParams(max_tokens=500)):
-            pass
+        n = 0
+        async for _ in engine.generate_tokens("Count to one thousand:", SamplingParams(max_tokens=500),
+                                              ignore_eos=True):
+            n += 1
+            if n == 3:
+                started.set()
 
     t = asyncio.create_task(consume())
-    await asyncio.sleep(0.5)
+    await asyncio.wait_for(started.wait(), 30)  # cancelled mid-generation, however fast the engine is
     t.cancel()
     with pytest.raises(asyncio.CancelledError):
         await t

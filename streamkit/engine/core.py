@@ -43,7 +43,7 @@ class EngineCore:
                  kv_cache_tokens: int | None = None, block_size: int = 16, max_num_seqs: int | None = None,
                  max_batched_tokens: int | None = None, max_model_len: int | None = None,
                  cuda_graphs: bool | None = None, attn_backend: str | None = None, threads: int | None = None,
-                 kv_dtype: str | None = None):
+                 kv_dtype: str | None = None, prefix_caching: bool | None = None):
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
         threads = threads or _env_int("STREAMKIT_ENGINE_THREADS", 0)
@@ -87,8 +87,10 @@ class EngineCore:
             else:
                 kv_cache_tokens = max(8192, min(65536, int(1.5e9 / per_tok)))
         num_blocks = max(2, kv_cache_tokens // block_size + 1)
+        if prefix_caching is None:
+            prefix_caching = _env_int("STREAMKIT_PREFIX_CACHING", 1) != 0
         self.cache = PagedKVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, num_blocks, block_size, kv_dtype,
-                                  self.device)
+                                  self.device, prefix_caching=prefix_caching)
         self.model.kv_cache = self.cache
         self.max_num_seqs = max_num_seqs or (256 if cuda else 64)
         self.scheduler = Scheduler(self.cache, self.max_num_seqs,
@@ -137,6 +139,11 @@ class EngineCore:
     def cancel(self, seq_id: int) -> None:
         self._inbox.put(("cancel", seq_id))
 
+    def drop_prefix_cache(self) -> None:
+        """Forget the cached prefix blocks nobody holds, before the requests submitted after this
+        call (benchmarks measure each run from a cold cache)."""
+        self._inbox.put(("drop_prefix_cache", None))
+
     # ---------------------------------------------------------------- stats
     def stats(self) -> dict:
         now = time.perf_counter()
@@ -153,6 +160,8 @@ class EngineCore:
             "requests_waiting": len(self.scheduler.waiting) + self._inbox.qsize(),
             "steps": self.steps,
             "kv_blocks_free": self.cache.allocator.num_free,
+            "kv_blocks_cached": self.cache.allocator.num_cached,
+            "prefix_cache_hit_tokens": self.scheduler.prefix_hit_tokens,
             "kv_blocks_total": self.cache.num_blocks - 1,
             "device": str(self.device),
             "weights": self.model.weights,
@@ -181,6 +190,8 @@ class EngineCore:
                 return
             self._seqs[seq.id] = seq
             self.scheduler.add(seq)
+        elif kind == "drop_prefix_cache":
+            self.cache.allocator.drop_cached()
         elif kind == "cancel":
             seq = self._seqs.pop(payload, None)
             if seq is not None:
@@ -277,8 +288,10 @@ class EngineCore:
             self._tuner.observe(time.perf_counter() - t_step, int(b.ids.shape[0]))
         for seq in st.decode:
             seq.num_computed += 1
+            self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
         for seq, n in prefill:
             seq.num_computed += n
+            self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
         self.steps += 1
         self.last_batch_size = len(st.decode) + len(st.prefill)
         if not sampled:

