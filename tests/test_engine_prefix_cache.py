@@ -83,8 +83,9 @@ def _messages(q: str) -> list[dict]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
 
 
-async def _greedy(eng: Engine, messages, n: int = 16) -> list[int]:
-    return [t async for t in eng.generate_tokens(eng.render(messages), SamplingParams(max_tokens=n))]
+async def _greedy(eng: Engine, messages, n: int = 16, ignore_eos: bool = False) -> list[int]:
+    return [t async for t in eng.generate_tokens(eng.render(messages), SamplingParams(max_tokens=n),
+                                                 ignore_eos=ignore_eos)]
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -160,3 +161,25 @@ async def test_small_pool_evicts_cached_blocks_and_stays_correct():
     finally:
         cold.close()
         small.close()
+
+
+@pytestmark_engine
+async def test_preemption_with_shared_blocks_stays_correct():
+    """Five streams share a system prompt's blocks in a pool too small for all of them: sequences
+    are preempted (their references dropped) and re-admitted (their cached prefix matched again),
+    and every stream still generates what an engine without the cache generates."""
+    cold = Engine(default_model_path(), "cpu", weights=_weights(), prefix_caching=False)
+    tight = Engine(default_model_path(), "cpu", weights=_weights(), kv_cache_tokens=12 * 16, max_batched_tokens=64)
+    cold.load()
+    core = tight.load()
+    try:
+        prompts = [_messages(q) for q in QUESTIONS[:3]] + [_messages("Thank you."), _messages("See you soon.")]
+        expected = [await _greedy(cold, m, 64, ignore_eos=True) for m in prompts]
+        got = await asyncio.wait_for(asyncio.gather(*[_greedy(tight, m, 64, ignore_eos=True) for m in prompts]), 300)
+        assert got == expected
+        stats = core.stats()
+        assert stats["preemptions"] > 0 and stats["prefix_cache_hit_tokens"] > 0, stats
+        assert core.cache.allocator.num_free == core.cache.num_blocks - 1
+    finally:
+        cold.close()
+        tight.close()

@@ -162,6 +162,7 @@ class EngineCore:
             "kv_blocks_free": self.cache.allocator.num_free,
             "kv_blocks_cached": self.cache.allocator.num_cached,
             "prefix_cache_hit_tokens": self.scheduler.prefix_hit_tokens,
+            "preemptions": self.scheduler.preemptions,
             "kv_blocks_total": self.cache.num_blocks - 1,
             "device": str(self.device),
             "weights": self.model.weights,

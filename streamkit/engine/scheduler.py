@@ -38,6 +38,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.prefix_hit_tokens = 0  # prompt tokens taken from the prefix cache instead of computed
+        self.preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         seq.state = State.WAITING
@@ -66,6 +67,7 @@ class Scheduler:
                 victim.num_computed = 0
                 victim.state = State.WAITING
                 self.waiting.appendleft(victim)
+                self.preemptions += 1
                 log.warning("engine: KV cache full, preempted sequence %d (will recompute)", victim.id)
                 return victim
         return None
@@ -100,13 +102,18 @@ class Scheduler:
         # 3. admit waiting sequences
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            reused = 0
             if seq.num_computed == 0 and not seq.blocks:
-                seq.num_computed = self.cache.reuse_prefix(seq.tokens, seq.blocks, seq.block_keys)
-                self.prefix_hit_tokens += seq.num_computed
+                reused = seq.num_computed = self.cache.reuse_prefix(seq.tokens, seq.blocks, seq.block_keys)
             n = min(seq.n_uncomputed, budget)
             # keep a little headroom so admitted sequences can decode
             if self.cache.blocks_needed(seq.num_computed + n) - len(seq.blocks) > self.cache.allocator.num_free - 1:
+                if reused:  # a waiting sequence holds no blocks (they could be what a running one needs)
+                    self.cache.free(seq.blocks)
+                    seq.block_keys.clear()
+                    seq.num_computed = 0
                 break
+            self.prefix_hit_tokens += reused
             self.cache.ensure_capacity(seq.blocks, seq.num_computed + n)
             self.waiting.popleft()
             seq.state = State.RUNNING
