@@ -102,9 +102,10 @@ def _weights() -> str:
 
 
 @pytestmark_engine
-async def test_shared_system_prompt_is_prefilled_once_and_outputs_are_unchanged():
-    cold = Engine(default_model_path(), "cpu", weights=_weights(), prefix_caching=False)
-    warm = Engine(default_model_path(), "cpu", weights=_weights(), kv_cache_tokens=4096)
+@pytest.mark.parametrize("weights", sorted({_weights(), "fp32"}))  # the native path, and the torch path CUDA runs
+async def test_shared_system_prompt_is_prefilled_once_and_outputs_are_unchanged(weights):
+    cold = Engine(default_model_path(), "cpu", weights=weights, prefix_caching=False)
+    warm = Engine(default_model_path(), "cpu", weights=weights, kv_cache_tokens=4096)
     cold.load()
     core = warm.load()
     try:
