@@ -256,6 +256,39 @@ async def test_capture_latest_drops_backlog_and_reports():
     assert sum(r["dropped"] for r in reports) == 5
 
 
+@pytest.mark.parametrize("live", [True, False])
+async def test_live_detections_leave_before_the_next_frame_arrives(clip, live):
+    """Live input: a frame's detections go out as soon as they are done, not when the next
+    sampled frame arrives to push them (which kept them a sample period, 200 ms, behind). File
+    input keeps a batch in flight for throughput, so there they wait for the next frame or the end."""
+    _, _, frames = clip
+    spec = parse_pipeline(yaml.safe_dump({
+        "name": "det", "input": {"video": {}},
+        "stages": [{"name": "capture", "type": "video_capture", "drop": "none"},
+                   {"name": "detect", "type": "detect", "detectors": ["motion"]}],
+        "output": ["detect"],
+    }))
+    session = await Session.open(spec, MemoryTransport(), params={"live": live})
+
+    async def next_detection():
+        while True:
+            out = await session.next_output()
+            if isinstance(out, EventFrame) and out.name == "detections":
+                return out
+
+    first = frames[0]
+    await session.push(VideoFrame(first.image, pts=first.pts, index=0))
+    waiting = asyncio.ensure_future(next_detection())
+    if live:
+        assert (await asyncio.wait_for(waiting, 10)).pts == first.pts  # with no more input at all
+    else:
+        done, _ = await asyncio.wait({waiting}, timeout=1)
+        assert not done  # held until more input or the end of the stream
+        await session.end()
+        assert (await asyncio.wait_for(waiting, 10)).pts == first.pts
+    await session.close()
+
+
 async def test_capture_none_policy_passes_everything():
     spec = parse_pipeline(yaml.safe_dump({
         "name": "cap", "input": {"video": {}},

@@ -17,6 +17,7 @@ tracking        per region-tracked detector: whole-frame passes, region passes, 
 frames_with     analysed frames with at least one object of each label
 live            the same pipeline fed at the clip's own frame rate (a 30 fps camera) with
                 latest-frame-wins: frames dropped, and how far detections trail the frame
+                (from the captured frame reaching the output to its detections)
 
 Progress goes to stderr; with --json the last stdout line is the JSON object.
 """
@@ -109,20 +110,20 @@ async def run_pipeline(spec, live: bool) -> dict[str, Any]:
     errors: list[str] = []
     started = time.perf_counter()
     cpu_started = time.process_time()
-    first_frame_at: float | None = None
+    frame_seen: dict[float, float] = {}  # pts -> when the captured frame reached the output
     await session.end()  # a url capture streams its source at end of input
     async for out in session.outputs():
         now = time.perf_counter()
         if isinstance(out, VideoFrame) and out.source == capture:
             frames += 1
-            if first_frame_at is None:
-                first_frame_at = now
+            frame_seen[round(out.pts, 6)] = now
         elif isinstance(out, EventFrame) and out.name == "detections":
             detections += 1
             for label in {o["label"] for o in out.data.get("objects", [])}:
                 frames_with[label] = frames_with.get(label, 0) + 1
-            if first_frame_at is not None:
-                lags.append(now - first_frame_at - out.pts)
+            seen = frame_seen.pop(round(out.pts, 6), None)
+            if seen is not None:
+                lags.append(now - seen)
         elif isinstance(out, EventFrame) and out.name == "video_dropped":
             dropped = max(dropped, int(out.data.get("total_dropped", 0)))
         elif isinstance(out, EventFrame) and out.name == "error":

@@ -295,6 +295,10 @@ class Detect(Stage):
         batch_size: int = Field(default=1, ge=1, le=64)
         max_batch_delay_s: float = Field(default=0.5, ge=0)
         workers: int = Field(default=2, ge=1, le=64)  # batches detected at once (threads)
+        # keep up to workers - 1 batches in flight while the next frames arrive: the most frames per
+        # second, but a batch's detections then leave with the next frame's arrival (a sample period
+        # later, 200 ms at 5 fps). None: off for live input (session param live: true), on otherwise
+        overlap: bool | None = None
         cv_threads: int | None = Field(default=None, ge=0, le=64)
 
         @model_validator(mode="after")
@@ -318,6 +322,8 @@ class Detect(Stage):
         self._pending: collections.deque[tuple[list[VideoFrame], Any]] = collections.deque()
         self.detectors = await asyncio.to_thread(self._build)
         c = self.config
+        overlap = c.overlap if c.overlap is not None else not self.context.params.get("live")
+        self._in_flight = c.workers - 1 if overlap else 0  # batches left running when process() returns
         # motion (it compares with the previous analysed frame) runs on its own FIFO thread;
         # faces and people are region-tracked (order-dependent too), each on its own FIFO
         # thread, so the two run at the same time, after the same frame's motion; stateless
@@ -380,7 +386,7 @@ class Detect(Stage):
         self._batch.append(frame)
         if len(self._batch) >= self.config.batch_size or frame.pts - self._batch[0].pts >= self.config.max_batch_delay_s:
             self._submit()
-        async for out in self._drain(self.config.workers - 1):
+        async for out in self._drain(self._in_flight):
             yield out
 
     def _motion_job(self, images: list[Any]) -> list[list[dict[str, Any]]]:
