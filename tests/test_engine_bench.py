@@ -20,7 +20,8 @@ def test_bench_engine_json_reports_medians_of_its_runs(capsys):
         runs = result[f"ours_c{c}_tps_runs"]
         assert len(runs) == 3 and all(r > 0 for r in runs)
         assert result[f"ours_c{c}_tps"] == round(statistics.median(runs), 2)
-    # each run starts from an empty prefix cache: three streams of different prompts share only
-    # the chat template's system block, less than one 16-token block of each prompt
+    # each run starts from an empty prefix cache, so three streams of different prompts can share
+    # only the chat template's system block (one 16-token block) with each other, not whole
+    # prompts from the previous run
     assert result["prefix_hit_tokens_c3"] <= 2 * 16
     assert result["ratio_b1"] is None and result["peer_b16_tps"] is None  # no peer ran

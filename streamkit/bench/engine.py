@@ -70,7 +70,7 @@ def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1, repeats=3):
 
     Headline figures are medians: of n_b1 batch-1 runs, and of `repeats` runs per concurrency (a
     16-stream run lasts about a second here, so one run mostly measures what else the machine is
-    doing: 969 and 1197 tok/s in two runs of the same code). The best run is reported beside them."""
+    doing: 969 and 1261 tok/s in runs of the same code minutes apart). The best run is reported beside them."""
     from streamkit.engine import SamplingParams as SP
 
     core = eng.core
