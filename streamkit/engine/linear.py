@@ -182,7 +182,7 @@ class LogitHead:
     (sgemm measured as fast as the int8 and bf16 kernels at 1-64 rows); on CUDA its bf16 weights
     multiply with an fp32 output where torch has `mm(out_dtype=)`, fp32 weights otherwise."""
 
-    __slots__ = ("w", "out_dtype_mm")
+    __slots__ = ("out_dtype_mm", "w")
 
     def __init__(self, w: torch.Tensor, device, act_dtype: torch.dtype):
         dev = torch.device(device)

@@ -16,8 +16,14 @@ import torch.nn.functional as F
 from streamkit.engine.config import LlamaConfig
 from streamkit.engine.gguf_loader import GGUFModel
 from streamkit.engine.linear import Linear, LogitHead, resolve_weights
-from streamkit.engine.paged_attention import (HAVE_TRITON, decode_attention_hm, decode_attention_triton,
-                                              decode_plan, default_scale, prefill_attention)
+from streamkit.engine.paged_attention import (
+    HAVE_TRITON,
+    decode_attention_hm,
+    decode_attention_triton,
+    decode_plan,
+    default_scale,
+    prefill_attention,
+)
 
 log = logging.getLogger("streamkit.engine")
 _HAS_RMS = hasattr(F, "rms_norm")
