@@ -17,6 +17,7 @@ import uuid
 from streamkit.engine import protocol as P
 from streamkit.engine.params import SamplingParams
 from streamkit.shutdown import stop_on_signals
+from streamkit.transport.liveness import ENGINE_ROLE, heartbeat
 
 log = logging.getLogger("streamkit.engine")
 
@@ -121,7 +122,9 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                 log.debug("reclaim: %s", e)
             await asyncio.sleep(max(reclaim_idle_ms / 4000, 0.5))
 
-    side = [asyncio.create_task(cancels()), asyncio.create_task(publish_stats()), asyncio.create_task(reclaim())]
+    side = [asyncio.create_task(cancels()), asyncio.create_task(publish_stats()), asyncio.create_task(reclaim()),
+            asyncio.create_task(heartbeat(r, ENGINE_ROLE, consumer, stop_event,
+                                          lambda: {"requests": len(tasks), "model": eng.model_path}))]
     try:
         while not stop_event.is_set():
             await sem.acquire()

@@ -23,8 +23,15 @@ from streamkit.runtime import StageHost
 from streamkit.shutdown import stop_on_signals
 from streamkit.stage import StageContext, get_stage_class
 from streamkit.transport.base import TransportClosed
-from streamkit.transport.redis import (WORK_GROUP, RedisTransport, SessionState, ensure_group, retrying,
-                                       work_key)
+from streamkit.transport.liveness import heartbeat, stage_role
+from streamkit.transport.redis import (
+    WORK_GROUP,
+    RedisTransport,
+    SessionState,
+    ensure_group,
+    retrying,
+    work_key,
+)
 
 log = logging.getLogger("streamkit.worker")
 
@@ -55,7 +62,9 @@ class StageWorker:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         await ensure_group(self.redis, self.key, WORK_GROUP)
-        heartbeat = asyncio.create_task(self._heartbeat(stop))
+        beats = [asyncio.create_task(self._heartbeat(stop)),
+                 asyncio.create_task(heartbeat(self.redis, stage_role(self.stage), self.consumer, stop,
+                                               lambda: {"sessions": len(self.running)}))]
         log.info("worker %s serving stage %s", self.consumer, self.stage)
         try:
             while not stop.is_set():
@@ -65,7 +74,8 @@ class StageWorker:
                 else:
                     await asyncio.sleep(0.2)
         finally:
-            heartbeat.cancel()
+            stop.set()  # also when the loop failed: the liveness key goes at once
+            await asyncio.gather(*beats, return_exceptions=True)
             # let sessions in flight finish their current work (graceful stop)
             if self.running:
                 await asyncio.gather(*self.running.values(), return_exceptions=True)
