@@ -55,12 +55,16 @@ def _delegate(module: str, argv: list[str]) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from streamkit.pipeline import PipelineError, load_pipeline
+    from streamkit.pipeline import PipelineError, default_pipelines_dir, find_pipeline, load_pipeline
 
     failed = 0
-    for path in args.files:
+    for path in args.files or sorted(default_pipelines_dir().glob("*.yaml")):
         try:
-            spec = load_pipeline(path)
+            spec = load_pipeline(find_pipeline(str(path)))
+        except FileNotFoundError as exc:
+            failed += 1
+            print(f"{path}: {exc}", file=sys.stderr)
+            continue
         except PipelineError as exc:
             failed += 1
             for issue in exc.issues:
@@ -134,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("validate", help="check pipeline YAML files; every problem with line and column")
-    v.add_argument("files", nargs="+")
+    v.add_argument("files", nargs="*", help="YAML paths or names of shipped pipelines (default: every shipped one)")
     _plugin_arg(v)
 
     r = sub.add_parser("run", help="run a pipeline offline on a media file")

@@ -42,13 +42,15 @@ class Result:
     close_code: int | None = None
     close_reason: str = ""
     ended: bool = False
-    cut_short: bool = False  # the server closed while input was still being sent (it shut down)
+    cut_short: bool = False  # the server closed or stopped reading before all input was sent (it shut down)
 
     @property
     def closed_normally(self) -> bool:
         """The session ended with the server's end event or a clean close (1000, or 1001 when the
-        server shuts down after flushing), and no error event."""
-        return (self.ended or self.close_code in (1000, 1001)) and not self.errors
+        server shuts down after flushing), and no error event but the notice that a shutting-down
+        server ignores further input."""
+        return ((self.ended or self.close_code in (1000, 1001))
+                and all(e.get("code") == "stopping" for e in self.errors))
 
     @property
     def transcript(self) -> str:
@@ -187,6 +189,8 @@ class StreamClient:
                     r.first_output_s = self._elapsed_since_first(now)
                 elif kind == "end":
                     r.ended = True
+                elif kind == "error" and event.get("code") == "stopping":
+                    r.cut_short = True  # the server is shutting down and ignores the rest of the input
                 if self._on_event:
                     self._on_event(event)
         except ConnectionClosed:

@@ -25,7 +25,7 @@ log = logging.getLogger("streamkit.engine")
 async def run_worker(redis_url: str, model_path: str | None = None, device: str | None = None,
                      stop_event: asyncio.Event | None = None, *, prefix: str = P.DEFAULT_PREFIX,
                      engine=None, max_inflight: int = 256, reclaim_idle_ms: int = 60000,
-                     consumer: str | None = None) -> None:
+                     consumer: str | None = None, drain_s: float = 20.0) -> None:
     import redis.asyncio as aioredis
     from redis.exceptions import ResponseError
 
@@ -124,7 +124,8 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
 
     side = [asyncio.create_task(cancels()), asyncio.create_task(publish_stats()), asyncio.create_task(reclaim()),
             asyncio.create_task(heartbeat(r, ENGINE_ROLE, consumer, stop_event,
-                                          lambda: {"requests": len(tasks), "model": eng.model_path}))]
+                                          lambda: {"requests": len(tasks), "model": eng.model_path,
+                                                   "tokens_generated": eng.stats()["tokens_generated"]}))]
     try:
         while not stop_event.is_set():
             await sem.acquire()
@@ -140,6 +141,10 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                         rid = uuid.uuid4().hex
                     tasks[rid] = asyncio.create_task(handle(msg_id, fields))
     finally:
+        # a stop (SIGTERM) lets the requests in flight finish, for up to drain_s, before cancelling them
+        if tasks and stop_event.is_set():
+            log.info("engine worker %s: finishing %d request(s) before it stops", consumer, len(tasks))
+            await asyncio.wait(list(tasks.values()), timeout=drain_s)
         for t in side + list(tasks.values()):
             t.cancel()
         await asyncio.gather(*side, *tasks.values(), return_exceptions=True)

@@ -64,7 +64,7 @@ class StageWorker:
         await ensure_group(self.redis, self.key, WORK_GROUP)
         beats = [asyncio.create_task(self._heartbeat(stop)),
                  asyncio.create_task(heartbeat(self.redis, stage_role(self.stage), self.consumer, stop,
-                                               lambda: {"sessions": len(self.running)}))]
+                                               lambda: {"sessions": len(self.running), "sessions_done": self.sessions_done}))]
         log.info("worker %s serving stage %s", self.consumer, self.stage)
         try:
             while not stop.is_set():
