@@ -3,7 +3,8 @@
     sk:alive:{role}:{consumer}     role "stage:<name>" (a stage worker) or "engine" (a decode-engine
                                    worker); consumer starts with the host name; the value is JSON
 
-every BEAT_S seconds with a TTL of TTL_S, and deletes it when it stops. The server reads them for
+four times per TTL (TTL_S by default; a stage worker's is its claim timeout), and deletes it when it
+stops. A stage worker takes over another's session only once that worker's key has expired. The server reads them for
 /healthz (a pipeline whose remote stage or engine has no live worker is degraded), and a worker's
 container health check asks whether its own host has one (`streamkit worker ... --health`). A
 restarted redis-server loses the keys; the next beat writes them again.
@@ -35,17 +36,18 @@ def alive_key(role: str, consumer: str) -> str:
 
 
 async def heartbeat(redis: Any, role: str, consumer: str, stop: asyncio.Event,
-                    info: Callable[[], dict[str, Any]] | None = None) -> None:
-    """Refresh this worker's key until `stop` is set, then delete it."""
+                    info: Callable[[], dict[str, Any]] | None = None, ttl_s: float = TTL_S) -> None:
+    """Refresh this worker's key (every quarter of `ttl_s`) until `stop` is set, then delete it."""
     key = alive_key(role, consumer)
+    beat_s = min(BEAT_S, ttl_s / 4)
     try:
         while not stop.is_set():
             try:
-                await redis.set(key, json.dumps(info() if info else {}), ex=TTL_S)
+                await redis.set(key, json.dumps(info() if info else {}), px=int(ttl_s * 1000))
             except Exception as exc:  # Redis down or restarting: the next beat writes it again
                 log.warning("liveness beat failed: %s", exc)
             try:
-                await asyncio.wait_for(stop.wait(), BEAT_S)
+                await asyncio.wait_for(stop.wait(), beat_s)
             except (asyncio.TimeoutError, TimeoutError):
                 pass
     finally:  # stopped or cancelled: gone at once rather than at the TTL
@@ -75,3 +77,7 @@ def alive_on_this_host(redis_url: str, role: str, host: str | None = None) -> bo
         return any(True for _ in r.scan_iter(match=pattern, count=500))
     finally:
         r.close()
+
+
+async def is_alive(redis: Any, role: str, consumer: str) -> bool:
+    return bool(await redis.exists(alive_key(role, consumer)))
