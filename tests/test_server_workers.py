@@ -104,7 +104,11 @@ async def test_serve_engine_routes_text_generation_to_the_engine_worker(tmp_path
             async with StreamClient(server.url) as client:
                 await client.start("translate")
                 audio = synthesize("Good morning everyone, thank you for joining the call.")
-                result = await client.stream_audio(audio, speed=0)
+                try:
+                    result = await client.stream_audio(audio, speed=0, timeout=120)
+                except (asyncio.TimeoutError, TimeoutError):
+                    raise AssertionError(f"the session did not end: {client.result.events[-8:]}, "
+                                         f"engine {engine.stats()}, health {server.health()}") from None
             assert result.closed_normally, result.errors
             assert "morning" in result.transcript.lower()
             assert result.texts("translate").strip()  # translated on the worker ...
