@@ -55,7 +55,12 @@ def _delegate(module: str, argv: list[str]) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from streamkit.pipeline import PipelineError, default_pipelines_dir, find_pipeline, load_pipeline
+    from streamkit.pipeline import (
+        PipelineError,
+        default_pipelines_dir,
+        find_pipeline,
+        load_pipeline,
+    )
 
     failed = 0
     for path in args.files or sorted(default_pipelines_dir().glob("*.yaml")):

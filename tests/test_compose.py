@@ -80,6 +80,9 @@ def test_compose_parses(compose):
             assert svc["healthcheck"]["test"][1:5] == ["streamkit", "worker", "--stage", svc["command"][2]]
             assert "--health" in svc["healthcheck"]["test"]
     assert services["redis"]["restart"] == "unless-stopped"
+    # the setting under which a redis-server restart loses no stream entry (README: which gives what)
+    cmd = services["redis"]["command"]
+    assert cmd[cmd.index("--appendonly") + 1] == "yes" and cmd[cmd.index("--appendfsync") + 1] == "always"
 
 
 def test_every_command_is_a_cli_entry_point(compose):

@@ -18,10 +18,10 @@ import uuid
 
 import pytest
 import redis
-
 from conftest import ROOT, RedisServer
 from faults import owner_pid, start_workers, stop_workers
 from recordings import RATE, prompt_stream, require
+
 from streamkit.client import StreamClient
 from streamkit.server.testing import running_server
 
