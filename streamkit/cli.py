@@ -125,7 +125,7 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
         return 0 if alive else 1
     if args.stage == "engine":
         return _delegate("streamkit.engine.worker", ["--redis", args.redis, *rest])
-    from streamkit.transport.redis_worker import run_stage_worker
+    from streamkit.stage_worker import run_stage_worker
 
     asyncio.run(run_stage_worker(args.redis, args.stage, claim_idle_ms=args.claim_idle_ms,
                                  max_sessions=args.max_sessions))

@@ -168,6 +168,11 @@ def stage_types() -> dict[str, type[Stage]]:
     return dict(_REGISTRY)
 
 
+def build_stage(config: StageConfig, context: StageContext) -> Stage:
+    """The one place a configured stage is constructed (sessions, stage workers, the server's preload)."""
+    return get_stage_class(config.type)(config, context)
+
+
 def get_stage_class(type_name: str) -> type[Stage]:
     types = stage_types()
     try:

@@ -50,7 +50,7 @@ def check_command(cmd: list[str], in_compose: bool = True) -> None:
                 pytest.skip("streamkit.engine.worker has not landed yet (engine worker entry point)")
             assert callable(getattr(importlib.import_module("streamkit.engine.worker"), "main"))
         else:
-            from streamkit.transport.redis_worker import run_stage_worker
+            from streamkit.stage_worker import run_stage_worker
 
             assert callable(run_stage_worker)
             assert args.stage in _stage_names(), f"worker --stage {args.stage} is no stage of pipelines/"

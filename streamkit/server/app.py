@@ -29,6 +29,7 @@ from streamkit.server.limits import Limits, Security, is_loopback
 from streamkit.server.protocol import DEFAULT_MAX_MESSAGE
 from streamkit.server.session import Connection
 from streamkit.shutdown import stop_on_signals
+from streamkit.transport.base import Transport
 
 log = logging.getLogger("streamkit.server")
 
@@ -94,12 +95,11 @@ class StreamServer:
     def pipeline_names(self) -> list[str]:
         return sorted({spec.name for spec in self.pipelines.values()})
 
-    def transport(self):
+    def transport(self) -> Transport:
         if self._transport is None:
             if self.redis_url:
-                from streamkit.transport.redis import (
-                    RedisTransport,  # imported only when asked for
-                )
+                # imported only when asked for
+                from streamkit.transport.redis import RedisTransport
 
                 self._transport = RedisTransport(self.redis_url, remote_stages=self.remote_stages)
             else:
@@ -125,8 +125,9 @@ class StreamServer:
         """Liveness roles the pipelines cannot run without (Redis only)."""
         from streamkit.transport.liveness import ENGINE_ROLE, stage_role
 
+        transport = self.transport()
         roles = {stage_role(cfg.name) for spec in self.pipelines.values() for cfg in spec.stages
-                 if self.redis_url and (cfg.transport == "redis" or cfg.name in self.remote_stages)}
+                 if transport.is_remote(spec, cfg.name)}
         if any(self.routed_to_engine.values()):
             roles.add(ENGINE_ROLE)
         return roles
@@ -186,17 +187,18 @@ class StreamServer:
 
     async def preload_models(self) -> None:
         """Start (then stop) every stage once so shared models load now, not in the first session."""
-        from streamkit.stage import StageContext, get_stage_class
+        from streamkit.stage import StageContext, build_stage
 
+        transport = self.transport()
         specs = {spec.name: spec for spec in self.pipelines.values()}
         todo = [(spec, cfg) for spec in specs.values() for cfg in spec.stages
-                if not (self.redis_url and (cfg.transport == "redis" or cfg.name in self.remote_stages))]
+                if not transport.is_remote(spec, cfg.name)]
         for i, (spec, cfg) in enumerate(todo, 1):
             started = time.perf_counter()
             self.progress(f"[{i}/{len(todo)}] loading {spec.name}.{cfg.name} ({cfg.type}) ...")
             context = StageContext(spec.name, "preload", {}, spec.output_audio.sample_rate)
             try:
-                stage = get_stage_class(cfg.type)(cfg, context)
+                stage = build_stage(cfg, context)
                 await stage.start()
                 await _warm(stage)
                 await stage.stop()
@@ -321,12 +323,9 @@ class StreamServer:
         if self._liveness_task is not None:
             self._liveness_task.cancel()
             await asyncio.gather(self._liveness_task, return_exceptions=True)
-        close = getattr(self._transport, "aclose", None) or getattr(self._transport, "close", None)
-        if close is not None:  # RedisTransport has aclose, MemoryTransport close
+        if self._transport is not None:
             try:
-                res = close()
-                if asyncio.iscoroutine(res):
-                    await res
+                await self._transport.aclose()
             except Exception as exc:
                 log.warning("closing the transport failed: %s", exc)
         self._closed.set()

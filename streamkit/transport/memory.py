@@ -14,7 +14,8 @@ from typing import Any
 
 from streamkit.frames import Frame, VideoFrame
 from streamkit.metrics import FRAMES_DROPPED
-from streamkit.transport.base import Delivery, Overflow
+from streamkit.pipeline import SOURCE
+from streamkit.transport.base import Delivery, Overflow, Wiring
 
 
 class MemoryChannel:
@@ -79,10 +80,13 @@ class MemoryTransport:
     def __init__(self, sink_size: int = 1024) -> None:
         self.sink_size = sink_size
 
-    async def wire(self, spec, session_id: str, params: dict[str, Any]):
-        from streamkit.pipeline import SOURCE
-        from streamkit.runtime import Wiring
+    def is_remote(self, spec, stage: str) -> bool:
+        return False
 
+    async def aclose(self) -> None:
+        """Nothing to release: the channels belong to their sessions."""
+
+    async def wire(self, spec, session_id: str, params: dict[str, Any]) -> Wiring:
         inboxes = {
             cfg.name: MemoryChannel(cfg.queue_size, cfg.video_overflow, name=cfg.name) for cfg in spec.stages
         }

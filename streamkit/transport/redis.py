@@ -6,7 +6,7 @@ session lives in one slot and the multi-key reads and transactions below work on
                                  the session sink); consumer group "g"
     sk:{session}:ckpt            hash: per stage, the output positions at its last acknowledgement
     sk:work:{stage}              announcements of sessions whose stage runs in remote workers;
-                                 consumer group "workers" (see streamkit/transport/redis_worker.py)
+                                 consumer group "workers" (see streamkit/stage_worker.py)
 
 Delivery guarantees:
 - A stage's inputs are acknowledged (XACK) only after the outputs they caused are written, and
@@ -45,7 +45,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from streamkit.frames import Frame, FrameDecodeError, decode_frame, encode_frame
 from streamkit.metrics import REGISTRY
 from streamkit.pipeline import SOURCE, PipelineSpec
-from streamkit.transport.base import SINK, Delivery, TransportClosed
+from streamkit.transport.base import SINK, Delivery, TransportClosed, Wiring
 from streamkit.transport.fencing import Fence, own_key
 
 log = logging.getLogger("streamkit.transport.redis")
@@ -387,9 +387,7 @@ class RedisTransport:
                            checkpoint=(ckpt_key(session), stage, outboxes), takeover=takeover, fence=fence)
         return inbox, outboxes[:-1], outboxes[-1]
 
-    async def wire(self, spec: PipelineSpec, session_id: str, params: dict[str, Any]):
-        from streamkit.runtime import Wiring
-
+    async def wire(self, spec: PipelineSpec, session_id: str, params: dict[str, Any]) -> Wiring:
         r = self.redis
         state = SessionState()
         all_edges = [edge_key(session_id, up, s) for s, ups in spec.inputs_of.items() for up in ups]

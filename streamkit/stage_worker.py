@@ -32,7 +32,7 @@ from streamkit.metrics import REGISTRY
 from streamkit.pipeline import spec_from_mapping
 from streamkit.runtime import StageHost
 from streamkit.shutdown import stop_on_signals
-from streamkit.stage import StageContext, get_stage_class
+from streamkit.stage import StageContext, build_stage
 from streamkit.transport.base import TransportClosed
 from streamkit.transport.fencing import Fence, Fenced
 from streamkit.transport.liveness import heartbeat, is_alive, stage_role
@@ -205,7 +205,7 @@ class StageWorker:
                 TAKEOVERS.inc(stage=self.stage)
                 log.info("took over stage %s of session %s (owner epoch %d)", self.stage, session, fence.epoch)
             context = StageContext(spec.name, session, params, spec.output_audio.sample_rate)
-            stage = get_stage_class(cfg.type)(cfg, context)
+            stage = build_stage(cfg, context)
             host = StageHost(stage, inbox, downstream, sink, to_sink=self.stage in spec.output,
                              upstream_count=len(spec.inputs_of[self.stage]), concurrent=False,
                              start_seq=start_seq, snapshot=snapshot)
