@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     if args.health:
-        from streamkit.transport.liveness import (
+        from streamkit.liveness import (
             ENGINE_ROLE,
             alive_on_this_host,
             stage_role,
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return _delegate(f"streamkit.bench.{args.target}", rest)
     if getattr(args, "plugin", None):
-        from streamkit.stage import load_plugins
+        from streamkit.stages.catalog import load_plugins
 
         load_plugins(args.plugin)
     if args.command == "worker":

@@ -23,7 +23,8 @@ from typing import Any, AsyncIterator
 from streamkit.frames import Control, ControlKind, EventFrame, Frame
 from streamkit.metrics import FRAMES_IN, FRAMES_OUT, STAGE_ERRORS, STAGE_LATENCY
 from streamkit.pipeline import PipelineSpec
-from streamkit.stage import Stage, StageContext, build_stage
+from streamkit.stage import Stage, StageContext
+from streamkit.stages.catalog import build_stage
 from streamkit.transport.base import Delivery, Inbox, Outbox, Transport, Wiring
 
 log = logging.getLogger("streamkit.runtime")

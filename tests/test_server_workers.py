@@ -14,8 +14,8 @@ import pytest
 
 from streamkit.engine import Engine, default_model_path
 from streamkit.engine.worker import run_worker
+from streamkit.liveness import alive_key, stage_role
 from streamkit.server.testing import running_server
-from streamkit.transport.liveness import alive_key, stage_role
 from streamkit.stage_worker import StageWorker
 
 pytestmark = pytest.mark.redis

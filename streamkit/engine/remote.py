@@ -25,7 +25,7 @@ class RemoteEngine:
         timeouts); a request that a non-persistent restart lost before any worker took it is sent
         again; pieces such a restart lost raise an error naming the cause rather than leaving a
         hole in the text."""
-        from streamkit.transport.redis import REDIS_FAULTS
+        from streamkit.redis_io import REDIS_FAULTS
 
         params = params or SamplingParams()
         r = self._r

@@ -16,8 +16,8 @@ import uuid
 
 from streamkit.engine import protocol as P
 from streamkit.engine.params import SamplingParams
+from streamkit.liveness import ENGINE_ROLE, heartbeat
 from streamkit.shutdown import stop_on_signals
-from streamkit.transport.liveness import ENGINE_ROLE, heartbeat
 
 log = logging.getLogger("streamkit.engine")
 
@@ -30,7 +30,7 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
     from redis.exceptions import ResponseError
 
     from streamkit.engine.api import get_engine
-    from streamkit.transport.redis import REDIS_FAULTS, retrying
+    from streamkit.redis_io import REDIS_FAULTS, retrying
 
     stop_event = stop_event or asyncio.Event()
     eng = engine or get_engine(model_path, device)

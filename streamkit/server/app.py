@@ -123,7 +123,7 @@ class StreamServer:
 
     def required_workers(self) -> set[str]:
         """Liveness roles the pipelines cannot run without (Redis only)."""
-        from streamkit.transport.liveness import ENGINE_ROLE, stage_role
+        from streamkit.liveness import ENGINE_ROLE, stage_role
 
         transport = self.transport()
         roles = {stage_role(cfg.name) for spec in self.pipelines.values() for cfg in spec.stages
@@ -162,7 +162,7 @@ class StreamServer:
     # ------------------------------------------------------------------ start
     def load_pipelines(self) -> None:
         from streamkit.pipeline import PipelineError, load_pipeline
-        from streamkit.stage import load_plugins
+        from streamkit.stages.catalog import load_plugins
 
         if self.plugins:
             load_plugins(self.plugins)
@@ -187,7 +187,8 @@ class StreamServer:
 
     async def preload_models(self) -> None:
         """Start (then stop) every stage once so shared models load now, not in the first session."""
-        from streamkit.stage import StageContext, build_stage
+        from streamkit.stage import StageContext
+        from streamkit.stages.catalog import build_stage
 
         transport = self.transport()
         specs = {spec.name: spec for spec in self.pipelines.values()}
@@ -213,7 +214,7 @@ class StreamServer:
         engine's, when they differ), for /healthz."""
         import redis.asyncio as aioredis
 
-        from streamkit.transport.liveness import BEAT_S, live_workers
+        from streamkit.liveness import BEAT_S, live_workers
 
         urls = sorted({u for u in (self.redis_url, self.engine_url) if u})
         clients = [aioredis.from_url(u, socket_timeout=3, socket_connect_timeout=3) for u in urls]

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 import uuid
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -42,9 +41,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from streamkit import redis_io
 from streamkit.frames import Frame, FrameDecodeError, decode_frame, encode_frame
 from streamkit.metrics import REGISTRY
 from streamkit.pipeline import SOURCE, PipelineSpec
+from streamkit.redis_io import RedisUnavailable, connect
 from streamkit.transport.base import SINK, Delivery, TransportClosed, Wiring
 from streamkit.transport.fencing import Fence, own_key
 
@@ -54,7 +55,6 @@ T = TypeVar("T")
 GROUP = "g"
 WORK_GROUP = "workers"
 DEDUPLICATED = REGISTRY.counter("streamkit_redis_deduplicated_total", "Replayed outputs Redis already held")
-RETRIES = REGISTRY.counter("streamkit_redis_retries_total", "Redis commands retried after a connection fault")
 UNDECODABLE = REGISTRY.counter("streamkit_redis_undecodable_total", "Stream entries that were not valid frames")
 
 
@@ -70,29 +70,13 @@ def work_key(stage: str) -> str:
     return f"sk:work:{stage}"
 
 
-def connect(url: str) -> aioredis.Redis:
-    # socket_timeout above the 1 s blocking reads, so a paused server shows up as a timeout
-    return aioredis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, health_check_interval=10)
-
-
-# what a Redis command raises while redis-server is down, restarting or paused (and what
-# `retrying` raises once it gives up)
-REDIS_FAULTS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, TransportClosed)
-
-
 async def retrying(op: Callable[[], Awaitable[T]], what: str, retry_s: float = 60.0) -> T:
-    deadline = time.monotonic() + retry_s
-    delay = 0.05
-    while True:
-        try:
-            return await op()
-        except (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError) as exc:
-            if time.monotonic() > deadline:
-                raise TransportClosed(f"redis unreachable for {retry_s:.0f}s during {what}: {exc}") from exc
-            RETRIES.inc(op=what)
-            log.warning("redis %s failed (%s); retrying in %.2fs", what, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+    """streamkit.redis_io.retrying, with giving up meaning what it means here: the session's
+    transport is gone."""
+    try:
+        return await redis_io.retrying(op, what, retry_s)
+    except RedisUnavailable as exc:
+        raise TransportClosed(str(exc)) from exc
 
 
 async def ensure_group(r: aioredis.Redis, key: str, group: str = GROUP) -> None:
