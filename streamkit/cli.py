@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     setup_logging(args.verbose)
     if args.command == "serve":
-        return _delegate("streamkit.server.app", rest)
+        return _delegate("streamkit.server.serve_cli", rest)
     if args.command == "client":
         return _delegate("streamkit.client", rest)
     if args.command == "bench":

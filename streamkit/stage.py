@@ -73,6 +73,9 @@ class Stage:
     # lets frames the stage does not want pass it. Others handle every frame strictly in order,
     # which costs no extra tasks per frame and never cuts a frame's processing short.
     interruptible: ClassVar[bool] = False
+    # Its TextFrames are transcripts (role TRANSCRIPT): a run of a pipeline with such a stage
+    # writes a transcript file even when nothing was said.
+    emits_transcripts: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig, context: StageContext) -> None:
         self.config = config

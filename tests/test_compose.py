@@ -34,7 +34,7 @@ def check_command(cmd: list[str], in_compose: bool = True) -> None:
 
     args, rest = cli.build_parser().parse_known_args(cmd)
     if args.command == "serve":
-        from streamkit.server.app import build_parser
+        from streamkit.server.serve_cli import build_parser
 
         sargs = build_parser().parse_args(rest)
         for stage in sargs.remote_stage:
