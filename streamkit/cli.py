@@ -124,7 +124,7 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
         print("healthy" if alive else f"unhealthy: no live {role} worker on this host", file=sys.stderr)
         return 0 if alive else 1
     if args.stage == "engine":
-        return _delegate("streamkit.engine.worker", ["--redis", args.redis, *rest])
+        return _delegate("streamkit.engine.service.worker", ["--redis", args.redis, *rest])
     from streamkit.stage_worker import run_stage_worker
 
     asyncio.run(run_stage_worker(args.redis, args.stage, claim_idle_ms=args.claim_idle_ms,

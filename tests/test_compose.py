@@ -46,9 +46,9 @@ def check_command(cmd: list[str], in_compose: bool = True) -> None:
     elif args.command == "worker":
         assert not rest or args.stage == "engine", f"unknown worker options {rest}"
         if args.stage == "engine":
-            if importlib.util.find_spec("streamkit.engine.worker") is None:
-                pytest.skip("streamkit.engine.worker has not landed yet (engine worker entry point)")
-            assert callable(getattr(importlib.import_module("streamkit.engine.worker"), "main"))
+            if importlib.util.find_spec("streamkit.engine.service.worker") is None:
+                pytest.skip("streamkit.engine.service.worker has not landed yet (engine worker entry point)")
+            assert callable(getattr(importlib.import_module("streamkit.engine.service.worker"), "main"))
         else:
             from streamkit.stage_worker import run_stage_worker
 

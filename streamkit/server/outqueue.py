@@ -13,7 +13,7 @@ import collections
 import enum
 from typing import Any
 
-from streamkit.server.metrics import SERVER_DROPPED
+from streamkit.server.telemetry import SERVER_DROPPED
 
 
 class SendPolicy(str, enum.Enum):

@@ -14,7 +14,7 @@ def make_engine(engine: str, model: str | None = None, device: str | None = None
                 engine_prefix: str | None = None) -> Any:
     """An object with `generate(prompt, params)` (an async iterator of text pieces)."""
     if engine.startswith(REMOTE_SCHEMES):
-        from streamkit.engine.remote import RemoteEngine
+        from streamkit.engine.service.remote import RemoteEngine
 
         return RemoteEngine(engine, prefix=engine_prefix) if engine_prefix else RemoteEngine(engine)
     if engine != "local":

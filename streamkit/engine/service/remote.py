@@ -5,12 +5,12 @@ import asyncio
 import uuid
 from typing import AsyncIterator
 
-from streamkit.engine import protocol as P
 from streamkit.engine.params import SamplingParams
+from streamkit.engine.service import wire
 
 
 class RemoteEngine:
-    def __init__(self, redis_url: str, prefix: str = P.DEFAULT_PREFIX, first_reply_timeout: float = 120.0,
+    def __init__(self, redis_url: str, prefix: str = wire.DEFAULT_PREFIX, first_reply_timeout: float = 120.0,
                  idle_timeout: float = 60.0):
         import redis.asyncio as aioredis
 
@@ -30,7 +30,7 @@ class RemoteEngine:
         params = params or SamplingParams()
         r = self._r
         rid = uuid.uuid4().hex
-        reply = P.reply_key(self.prefix, rid)
+        reply = wire.reply_key(self.prefix, rid)
         payload = {"id": rid, "prompt": prompt if isinstance(prompt, str) else [dict(m) for m in prompt],
                    "params": params.to_dict(), "reply": reply}
         loop = asyncio.get_running_loop()
@@ -39,7 +39,7 @@ class RemoteEngine:
         async def submit() -> str:
             while True:
                 try:
-                    return await r.xadd(P.requests_key(self.prefix), {"d": P.pack(payload)})
+                    return await r.xadd(wire.requests_key(self.prefix), {"d": wire.pack(payload)})
                 except REDIS_FAULTS:
                     if loop.time() > deadline:
                         raise TimeoutError("redis unreachable: the request could not be sent") from None
@@ -54,7 +54,7 @@ class RemoteEngine:
         try:
             while True:
                 try:
-                    if faulted and not started and not await r.xrange(P.requests_key(self.prefix), request_id,
+                    if faulted and not started and not await r.xrange(wire.requests_key(self.prefix), request_id,
                                                                       request_id):
                         request_id = await submit()  # Redis came back without it: no worker has it
                     faulted = False
@@ -72,7 +72,7 @@ class RemoteEngine:
                 for _s, entries in resp:
                     for eid, f in entries:
                         last = eid
-                        msg = P.unpack(f[b"d"])
+                        msg = wire.unpack(f[b"d"])
                         kind, value = msg.get("k"), msg.get("v")
                         n = msg.get("n", expected)
                         if n != expected:
@@ -93,7 +93,7 @@ class RemoteEngine:
         finally:
             if not done:
                 try:
-                    await asyncio.shield(r.xadd(P.cancel_key(self.prefix), {"d": P.pack({"id": rid})},
+                    await asyncio.shield(r.xadd(wire.cancel_key(self.prefix), {"d": wire.pack({"id": rid})},
                                                 maxlen=10000, approximate=True))
                 except Exception:
                     pass
