@@ -172,7 +172,7 @@ def _onnx_model(path, num_classes=2, size=64):
 
 
 def test_onnx_detector_by_path_maps_boxes_to_source(tmp_path):
-    from streamkit.video.detectors import OnnxDetector
+    from streamkit.video.onnx_detector import OnnxDetector
 
     path = _onnx_model(tmp_path / "tiny.onnx")
     det = OnnxDetector(str(path), labels=["cat", "dog"])
@@ -328,7 +328,7 @@ def test_detect_config_errors_are_reported():
 
 
 def test_merge_rects_and_dedupe():
-    from streamkit.video.detectors import dedupe, merge_rects
+    from streamkit.video.geometry import dedupe, merge_rects
 
     # overlapping, and merging costs no more than searching apart: one box
     assert merge_rects([(0, 0, 100, 100), (50, 0, 150, 100)]) == [(0, 0, 150, 100)]
@@ -388,7 +388,8 @@ def test_region_tracking_keeps_face_recall():
     """Whole-frame search only on the first frame: the still face is followed in its region,
     the face that slides in is found in the motion region, exactly as whole-frame search
     finds them on every frame."""
-    from streamkit.video.detectors import Pyramid, RegionTracker
+    from streamkit.video.detectors import RegionTracker
+    from streamkit.video.geometry import Pyramid
 
     frames, truth = _moving_face_frames()
     whole = HaarFaceDetector(width=640)
@@ -424,7 +425,8 @@ def test_held_face_is_searched_again_once_it_moves():
     where it went, and never at the place it left."""
     import cv2
 
-    from streamkit.video.detectors import Pyramid, RegionTracker
+    from streamkit.video.detectors import RegionTracker
+    from streamkit.video.geometry import Pyramid
     from streamkit.video.synthetic import face_image
 
     rng = np.random.default_rng(2)

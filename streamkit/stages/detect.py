@@ -96,6 +96,7 @@ class Detect(Stage):
     def _build(self) -> list[Any]:
         from streamkit.resources import shared
         from streamkit.video import detectors as d
+        from streamkit.video.onnx_detector import OnnxDetector, load_onnx_session
 
         c = self.config
         if c.cv_threads is not None:
@@ -112,8 +113,8 @@ class Detect(Stage):
                 built.append(d.MotionDetector(**c.motion.model_dump()))
             elif kind == "onnx":
                 o = c.onnx.model_dump()
-                session = shared(("onnx", o["path"], o["threads"]), lambda: d.load_onnx_session(o["path"], o["threads"]))
-                built.append(d.OnnxDetector(session=session, **o))
+                session = shared(("onnx", o["path"], o["threads"]), lambda: load_onnx_session(o["path"], o["threads"]))
+                built.append(OnnxDetector(session=session, **o))
         return built
 
     async def process(self, frame: Frame) -> AsyncIterator[Frame]:
@@ -149,7 +150,8 @@ class Detect(Stage):
         return [tracker.detect(im, regions[i]) for i, im in enumerate(images)]
 
     def _submit(self) -> None:
-        from streamkit.video.detectors import Pyramid, detect_all
+        from streamkit.video.detectors import detect_all
+        from streamkit.video.geometry import Pyramid
 
         batch, self._batch = self._batch, []
         if not batch:
