@@ -38,9 +38,9 @@ from streamkit.stage import StageContext
 from streamkit.stages.catalog import build_stage
 from streamkit.transport.base import TransportClosed
 from streamkit.transport.fencing import Fence, Fenced
-from streamkit.transport.redis import (
+from streamkit.transport.redis import RedisTransport
+from streamkit.transport.redis_edges import (
     WORK_GROUP,
-    RedisTransport,
     SessionState,
     ensure_group,
     retrying,
