@@ -30,3 +30,18 @@ def test_no_layer_imports_upwards():
     out = subprocess.run([exe, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "1 kept, 0 broken" in out.stdout
+
+
+# the public seams a stage, a transport or an engine client is written against
+TYPED = ["streamkit/stage.py", "streamkit/stages/catalog.py", "streamkit/transport/base.py",
+         "streamkit/transport/memory.py", "streamkit/runtime.py", "streamkit/metrics.py", "streamkit/liveness.py",
+         "streamkit/redis_io.py"]
+
+
+def test_public_seams_type_check():
+    exe = shutil.which("mypy", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("mypy is not installed (the test extra has it)")
+    out = subprocess.run([exe, "--ignore-missing-imports", "--follow-imports=silent", "--no-error-summary", *TYPED],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:]
