@@ -11,11 +11,12 @@ from streamkit.engine.service import wire
 
 class RemoteEngine:
     def __init__(self, redis_url: str, prefix: str = wire.DEFAULT_PREFIX, first_reply_timeout: float = 120.0,
-                 idle_timeout: float = 60.0):
+                 idle_timeout: float = 60.0, model: str | None = None):
         import redis.asyncio as aioredis
 
         self.redis_url = redis_url
         self.prefix = prefix
+        self.model = model  # what the worker should run (a GGUF path or packaged name); None: its default
         self.first_reply_timeout = first_reply_timeout
         self.idle_timeout = idle_timeout
         self._r = aioredis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)  # a paused Redis times out
@@ -32,7 +33,7 @@ class RemoteEngine:
         rid = uuid.uuid4().hex
         reply = wire.reply_key(self.prefix, rid)
         payload = {"id": rid, "prompt": prompt if isinstance(prompt, str) else [dict(m) for m in prompt],
-                   "params": params.to_dict(), "reply": reply}
+                   "params": params.to_dict(), "reply": reply, "model": self.model}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.first_reply_timeout
 

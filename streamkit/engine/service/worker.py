@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import uuid
+from typing import Any
 
 from streamkit.engine.params import SamplingParams
 from streamkit.engine.service import wire
@@ -48,6 +49,21 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                 raise
 
     await retrying(create_group, "engine group")
+    # a request may name a model (the llm stage's `model:`); the worker loads each one once, beside its default
+    engines: dict[str, Any] = {}
+    loading = asyncio.Lock()
+
+    async def engine_for(model: str | None):
+        if not model:
+            return eng
+        if model not in engines:
+            async with loading:
+                if model not in engines:
+                    other = get_engine(model, device)
+                    await loop.run_in_executor(None, other.load)
+                    engines[model] = other
+        return engines[model]
+
     tasks: dict[str, asyncio.Task] = {}
     sem = asyncio.Semaphore(max_inflight)
     log.info("engine worker %s serving %s on %s", consumer, req_key, redis_url)
@@ -77,8 +93,13 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                 await retrying(write, "engine reply")
 
             try:
+                try:
+                    engine_ = await engine_for(req.get("model"))
+                except Exception as e:  # a model this worker cannot load: the request fails, the worker stays
+                    await send("error", f"engine worker {consumer} cannot load model {req.get('model')!r}: {e}")
+                    return
                 await send("start", consumer)
-                async for piece in eng.generate(req["prompt"], params):
+                async for piece in engine_.generate(req["prompt"], params):
                     await send("text", piece)
                 await send("done", {})
             except asyncio.CancelledError:
@@ -153,7 +174,9 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
     side = [asyncio.create_task(cancels()), asyncio.create_task(publish_stats()), asyncio.create_task(reclaim()),
             asyncio.create_task(heartbeat(r, ENGINE_ROLE, consumer, stop_event,
                                           lambda: {"requests": len(tasks), "model": eng.model_path,
-                                                   "tokens_generated": eng.stats()["tokens_generated"]}))]
+                                                   "models": [eng.model_path, *(e.model_path for e in engines.values())],
+                                                   "tokens_generated": sum(e.stats()["tokens_generated"]
+                                                                           for e in {eng, *engines.values()})}))]
     try:
         while not stop_event.is_set():
             await sem.acquire()
