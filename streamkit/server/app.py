@@ -322,8 +322,7 @@ def _engines_loaded() -> list[str]:
     api = sys.modules.get("streamkit.engine.api")
     if api is None:
         return []
-    return [f"engine:{os.path.basename(path)}@{device}" for (path, device), e in list(getattr(api, "_engines", {}).items())
-            if getattr(e, "loaded", False)]
+    return [f"engine:{os.path.basename(e.model_path)}@{e.device}" for e in api.loaded_engines()]
 
 
 def route_text_generation(spec: Any, engine_url: str) -> list[str]:
