@@ -89,10 +89,13 @@ async def test_serve_engine_routes_text_generation_to_the_engine_worker(tmp_path
     engine.load()
     stop = asyncio.Event()
     prefix = f"test:{uuid.uuid4().hex[:8]}"
+    from streamkit.engine.api import loaded_engines
+
+    before = set(loaded_engines())  # other tests in this process may have loaded some
     async with asyncio.timeout(240), running_server(tmp_path, engine_url=redis_url) as server:
         spec = server.pipelines["translate"]
         assert spec.stage("translate").engine == redis_url and server.routed_to_engine == {"translate": ["translate"]}
-        assert not [m for m in server.health()["models"] if m.startswith("engine:")]  # no LLM in the server
+        assert set(loaded_engines()) == before  # the server's start loaded no LLM
         await wait_health(server, 503)  # no engine worker yet
         spec.stage("translate").engine_prefix = prefix
         worker = asyncio.create_task(run_worker(redis_url, stop_event=stop, engine=engine, prefix=prefix))
@@ -113,7 +116,7 @@ async def test_serve_engine_routes_text_generation_to_the_engine_worker(tmp_path
             assert "morning" in result.transcript.lower()
             assert result.texts("translate").strip()  # translated on the worker ...
             assert engine.stats()["tokens_generated"] > 0
-            assert not [m for m in server.health()["models"] if m.startswith("engine:")]  # ... not in the server
+            assert set(loaded_engines()) == before  # ... and not in the server
         finally:
             stop.set()
             await asyncio.wait_for(worker, 30)

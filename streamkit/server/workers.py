@@ -23,7 +23,7 @@ class WorkerWatch:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait({self._task}, timeout=5)  # a shutdown never waits on Redis for long
             self._task = None
 
     def missing(self, required: set[str]) -> list[str]:
@@ -51,4 +51,7 @@ class WorkerWatch:
                 await asyncio.sleep(BEAT_S)
         finally:
             for r in clients:
-                await r.aclose()
+                try:
+                    await asyncio.wait_for(r.aclose(), 2)
+                except (Exception, asyncio.CancelledError):  # closing is best effort at shutdown
+                    pass
