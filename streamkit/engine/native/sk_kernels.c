@@ -455,6 +455,7 @@ static void rope(float *v, int n_heads, int hd, const float *cs, const float *sn
 typedef struct {
     const float *attn_norm, *ffn_norm;
     sk_w qkv, o, gu, down;
+    const float *qkv_bias; /* NULL, or [(n_heads + 2 n_kv) head_dim] added after the QKV matmul (qwen2) */
 } sk_layer;
 
 typedef struct {
@@ -538,6 +539,8 @@ SK_API void sk_model_set_layer(sk_model *m, int i, const float *attn_norm, const
     L->gu = (sk_w){gu_fmt, 2 * m->ffn, m->dim, gu_qs, gu_sc};
     L->down = (sk_w){down_fmt, m->dim, m->ffn, down_qs, down_sc};
 }
+
+SK_API void sk_model_set_qkv_bias(sk_model *m, int i, const float *bias) { m->layers[i].qkv_bias = bias; }
 
 /* kv_bytes: 4 (float32) or 2 (float16) per element */
 SK_API int sk_model_set_kv(sk_model *m, void *k_pool, void *v_pool, long pool_slots, int block_size, int kv_bytes) {
@@ -719,6 +722,8 @@ static void forward_job(void *p, sk_team *t) {
         team_span(t, T, &a, &b);
         for (int r = a; r < b; r++) {
             float *q = m->qkv + (size_t)r * QKV, *k = q + A, *v = k + KV * hd;
+            if (L->qkv_bias)
+                for (int j = 0; j < QKV; j++) q[j] += L->qkv_bias[j];
             const float *cs = m->rope_cos + (size_t)f->pos[r] * (hd / 2), *sn = m->rope_sin + (size_t)f->pos[r] * (hd / 2);
             rope(q, H, hd, cs, sn);
             rope(k, KV, hd, cs, sn);
