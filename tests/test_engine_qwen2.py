@@ -122,6 +122,7 @@ def _first_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # transformers' fp32 greedy references alone take minutes on 2 cores
 @pytest.mark.parametrize("weights", ["fp32"] + (["native-fp32"] if native.available() else []))
 def test_against_transformers(reference, path, weights):
     eng = Engine(path, "cpu", weights=weights, kv_cache_tokens=4096)

@@ -105,9 +105,8 @@ class LLM(Stage):
         if c.engine != "local":
             raise ValueError(f"engine must be 'local' or a redis:// URL, got {c.engine!r}")
         from streamkit.engine import get_engine
-        from streamkit.engine.model_store import resolve_model
 
-        return get_engine(model_path=resolve_model(c.model), device=c.device)
+        return get_engine(model_path=c.model, device=c.device)
 
     @property
     def language_name(self) -> str:
