@@ -18,24 +18,53 @@ class RemoteEngine:
         self.prefix = prefix
         self.first_reply_timeout = first_reply_timeout
         self.idle_timeout = idle_timeout
-        self._r = aioredis.from_url(redis_url)
+        self._r = aioredis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)  # a paused Redis times out
 
     async def generate(self, prompt: str | list[dict], params: SamplingParams | None = None) -> AsyncIterator[str]:
+        """Stream the answer. Through a restarted or paused redis-server it waits (up to the
+        timeouts); a request that a non-persistent restart lost before any worker took it is sent
+        again; pieces such a restart lost raise an error naming the cause rather than leaving a
+        hole in the text."""
+        from streamkit.transport.redis import REDIS_FAULTS
+
         params = params or SamplingParams()
         r = self._r
         rid = uuid.uuid4().hex
         reply = P.reply_key(self.prefix, rid)
         payload = {"id": rid, "prompt": prompt if isinstance(prompt, str) else [dict(m) for m in prompt],
                    "params": params.to_dict(), "reply": reply}
-        await r.xadd(P.requests_key(self.prefix), {"d": P.pack(payload)})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.first_reply_timeout
+
+        async def submit() -> str:
+            while True:
+                try:
+                    return await r.xadd(P.requests_key(self.prefix), {"d": P.pack(payload)})
+                except REDIS_FAULTS:
+                    if loop.time() > deadline:
+                        raise TimeoutError("redis unreachable: the request could not be sent") from None
+                    await asyncio.sleep(0.2)
+
+        request_id = await submit()
         last = "0"
         done = False
         started = False
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.first_reply_timeout
+        expected = 0  # the number of the next reply message
+        faulted = False
         try:
             while True:
-                resp = await r.xread({reply: last}, count=256, block=500)
+                try:
+                    if faulted and not started and not await r.xrange(P.requests_key(self.prefix), request_id,
+                                                                      request_id):
+                        request_id = await submit()  # Redis came back without it: no worker has it
+                    faulted = False
+                    resp = await r.xread({reply: last}, count=256, block=500)
+                except REDIS_FAULTS:
+                    faulted = True
+                    if loop.time() > deadline:
+                        raise TimeoutError("redis unreachable while waiting for the engine") from None
+                    await asyncio.sleep(0.2)
+                    continue
                 if not resp:
                     if loop.time() > deadline:
                         raise TimeoutError("no reply from an engine worker" if not started else "engine worker stalled")
@@ -45,6 +74,12 @@ class RemoteEngine:
                         last = eid
                         msg = P.unpack(f[b"d"])
                         kind, value = msg.get("k"), msg.get("v")
+                        n = msg.get("n", expected)
+                        if n != expected:
+                            done = kind in ("done", "error")
+                            raise RuntimeError(f"the engine's reply lost {n - expected} message(s) in Redis "
+                                               "(redis-server restarted without persistence?)")
+                        expected += 1
                         started = True
                         deadline = loop.time() + self.idle_timeout
                         if kind == "text":

@@ -17,6 +17,7 @@ import uuid
 from streamkit.engine import protocol as P
 from streamkit.engine.params import SamplingParams
 from streamkit.shutdown import stop_on_signals
+from streamkit.transport.liveness import ENGINE_ROLE, heartbeat
 
 log = logging.getLogger("streamkit.engine")
 
@@ -24,24 +25,29 @@ log = logging.getLogger("streamkit.engine")
 async def run_worker(redis_url: str, model_path: str | None = None, device: str | None = None,
                      stop_event: asyncio.Event | None = None, *, prefix: str = P.DEFAULT_PREFIX,
                      engine=None, max_inflight: int = 256, reclaim_idle_ms: int = 60000,
-                     consumer: str | None = None) -> None:
+                     consumer: str | None = None, drain_s: float = 20.0) -> None:
     import redis.asyncio as aioredis
     from redis.exceptions import ResponseError
 
     from streamkit.engine.api import get_engine
+    from streamkit.transport.redis import REDIS_FAULTS, retrying
 
     stop_event = stop_event or asyncio.Event()
     eng = engine or get_engine(model_path, device)
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, eng.load)
-    r = aioredis.from_url(redis_url)
+    r = aioredis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)  # a paused Redis times out
     consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     req_key = P.requests_key(prefix)
-    try:
-        await r.xgroup_create(req_key, P.GROUP, id="0", mkstream=True)
-    except ResponseError as e:
-        if "BUSYGROUP" not in str(e):
-            raise
+
+    async def create_group() -> None:
+        try:
+            await r.xgroup_create(req_key, P.GROUP, id="0", mkstream=True)
+        except ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    await retrying(create_group, "engine group")
     tasks: dict[str, asyncio.Task] = {}
     sem = asyncio.Semaphore(max_inflight)
     log.info("engine worker %s serving %s on %s", consumer, req_key, redis_url)
@@ -54,9 +60,21 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
             reply = req.get("reply") or P.reply_key(prefix, rid)
             params = SamplingParams.from_dict(req.get("params"))
 
+            sent = 0
+
             async def send(kind, value):
-                await r.xadd(reply, {"d": P.pack({"k": kind, "v": value})})
-                await r.expire(reply, P.REPLY_TTL_S)
+                # numbered, so a client sees pieces a restarted (non-persistent) Redis lost
+                nonlocal sent
+                data = P.pack({"k": kind, "v": value, "n": sent})
+                sent += 1
+
+                async def write() -> None:
+                    pipe = r.pipeline(transaction=True)
+                    pipe.xadd(reply, {"d": data})
+                    pipe.expire(reply, P.REPLY_TTL_S)
+                    await pipe.execute()
+
+                await retrying(write, "engine reply")
 
             try:
                 await send("start", consumer)
@@ -73,7 +91,10 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
         except Exception as e:  # malformed request
             log.warning("engine worker: bad request %s: %s", msg_id, e)
         finally:
-            await r.xack(req_key, P.GROUP, msg_id)
+            try:
+                await retrying(lambda: r.xack(req_key, P.GROUP, msg_id), "engine ack")
+            except Exception as e:  # Redis gone for good: a lost ack only means a later reclaim
+                log.warning("engine worker: ack of %s failed: %s", msg_id, e)
             if rid is not None:
                 tasks.pop(rid, None)
             sem.release()
@@ -82,7 +103,12 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
         key = P.cancel_key(prefix)
         last = "$"
         while not stop_event.is_set():
-            resp = await r.xread({key: last}, count=100, block=500)
+            try:
+                resp = await r.xread({key: last}, count=100, block=500)
+            except REDIS_FAULTS as e:  # Redis restarting: tail the stream again once it is back
+                log.debug("cancels: %s", e)
+                await asyncio.sleep(0.5)
+                continue
             for _stream, entries in resp or []:
                 for eid, f in entries:
                     last = eid
@@ -98,8 +124,11 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
         key = P.stats_key(prefix, consumer)
         while not stop_event.is_set():
             s = eng.stats()
-            await r.hset(key, mapping={k: str(v) for k, v in s.items()})
-            await r.expire(key, 10)
+            try:
+                await r.hset(key, mapping={k: str(v) for k, v in s.items()})
+                await r.expire(key, 10)
+            except REDIS_FAULTS as e:
+                log.debug("stats: %s", e)
             await asyncio.sleep(2)
 
     async def reclaim():
@@ -121,13 +150,28 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                 log.debug("reclaim: %s", e)
             await asyncio.sleep(max(reclaim_idle_ms / 4000, 0.5))
 
-    side = [asyncio.create_task(cancels()), asyncio.create_task(publish_stats()), asyncio.create_task(reclaim())]
+    side = [asyncio.create_task(cancels()), asyncio.create_task(publish_stats()), asyncio.create_task(reclaim()),
+            asyncio.create_task(heartbeat(r, ENGINE_ROLE, consumer, stop_event,
+                                          lambda: {"requests": len(tasks), "model": eng.model_path,
+                                                   "tokens_generated": eng.stats()["tokens_generated"]}))]
     try:
         while not stop_event.is_set():
             await sem.acquire()
             sem.release()
             n = min(64, max(1, sem._value))
-            resp = await r.xreadgroup(P.GROUP, consumer, {req_key: ">"}, count=n, block=500)
+            try:
+                resp = await r.xreadgroup(P.GROUP, consumer, {req_key: ">"}, count=n, block=500)
+            except ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                log.warning("engine worker %s: %s is gone (redis-server restarted without persistence?): "
+                            "creating it again", consumer, req_key)
+                await retrying(create_group, "engine group")
+                continue
+            except REDIS_FAULTS as e:
+                log.warning("engine worker %s: redis unavailable (%s); retrying", consumer, e)
+                await asyncio.sleep(0.5)
+                continue
             for _stream, entries in resp or []:
                 for msg_id, fields in entries:
                     await sem.acquire()
@@ -137,6 +181,10 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                         rid = uuid.uuid4().hex
                     tasks[rid] = asyncio.create_task(handle(msg_id, fields))
     finally:
+        # a stop (SIGTERM) lets the requests in flight finish, for up to drain_s, before cancelling them
+        if tasks and stop_event.is_set():
+            log.info("engine worker %s: finishing %d request(s) before it stops", consumer, len(tasks))
+            await asyncio.wait(list(tasks.values()), timeout=drain_s)
         for t in side + list(tasks.values()):
             t.cancel()
         await asyncio.gather(*side, *tasks.values(), return_exceptions=True)

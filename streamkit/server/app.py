@@ -23,8 +23,8 @@ import websockets
 from websockets.asyncio.server import ServerConnection
 
 from streamkit import resources
-from streamkit.server import routes as H
 from streamkit.server import metrics as M
+from streamkit.server import routes as H
 from streamkit.server.limits import Limits, Security, is_loopback
 from streamkit.server.protocol import DEFAULT_MAX_MESSAGE
 from streamkit.server.session import Connection
@@ -46,6 +46,7 @@ class StreamServer:
         preload: bool = True,
         plugins: list[str] | None = None,
         remote_stages: list[str] | None = None,
+        engine_url: str | None = None,
         progress=None,
     ) -> None:
         from streamkit.pipeline import default_pipelines_dir
@@ -60,6 +61,11 @@ class StreamServer:
         self.preload = preload
         self.plugins = list(plugins or [])
         self.remote_stages = set(remote_stages or [])
+        self.engine_url = engine_url  # text generation runs on the engine workers there
+        self.routed_to_engine: dict[str, list[str]] = {}  # pipeline -> its stages routed there
+        self.live_workers: dict[str, int] | None = None  # role -> live workers; None: not checked yet
+        self.workers_error: str | None = None
+        self._liveness_task: asyncio.Task | None = None
         self.progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.pipelines: dict[str, Any] = {}
         self.pipeline_errors: dict[str, str] = {}
@@ -91,7 +97,9 @@ class StreamServer:
     def transport(self):
         if self._transport is None:
             if self.redis_url:
-                from streamkit.transport.redis import RedisTransport  # imported only when asked for
+                from streamkit.transport.redis import (
+                    RedisTransport,  # imported only when asked for
+                )
 
                 self._transport = RedisTransport(self.redis_url, remote_stages=self.remote_stages)
             else:
@@ -113,8 +121,26 @@ class StreamServer:
             host = "127.0.0.1"
         return f"ws://{host}:{self.port}/ws"
 
+    def required_workers(self) -> set[str]:
+        """Liveness roles the pipelines cannot run without (Redis only)."""
+        from streamkit.transport.liveness import ENGINE_ROLE, stage_role
+
+        roles = {stage_role(cfg.name) for spec in self.pipelines.values() for cfg in spec.stages
+                 if self.redis_url and (cfg.transport == "redis" or cfg.name in self.remote_stages)}
+        if any(self.routed_to_engine.values()):
+            roles.add(ENGINE_ROLE)
+        return roles
+
+    def missing_workers(self) -> list[str]:
+        if self.live_workers is None:
+            return []
+        return sorted(role for role in self.required_workers() if not self.live_workers.get(role))
+
+    def degraded(self) -> bool:
+        return bool(self.pipeline_errors or self.missing_workers() or self.workers_error)
+
     def health(self) -> dict[str, Any]:
-        status = "shutting_down" if self.shutting_down else ("degraded" if self.pipeline_errors else "ok")
+        status = "shutting_down" if self.shutting_down else ("degraded" if self.degraded() else "ok")
         return {
             "status": status,
             "models": resources.loaded() + _engines_loaded(),
@@ -126,6 +152,9 @@ class StreamServer:
                                 for spec in self.pipelines.values()},
             "pipeline_errors": self.pipeline_errors,
             "transport": "redis" if self.redis_url else "memory",
+            **({"workers": self.live_workers or {}, "workers_missing": self.missing_workers(),
+                "workers_error": self.workers_error} if (self.redis_url or self.engine_url) else {}),
+            "engine": self.engine_url or "local",
             "uptime_s": round(time.time() - self.started_at, 1),
         }
 
@@ -150,6 +179,8 @@ class StreamServer:
                 self.pipeline_errors[path.stem] = f"{type(exc).__name__}: {exc}"
                 self.progress(f"pipeline {path.name}: cannot load ({exc}), skipped")
                 continue
+            if self.engine_url:
+                self.routed_to_engine[spec.name] = route_text_generation(spec, self.engine_url)
             self.pipelines[spec.name] = spec
             self.pipelines.setdefault(path.stem, spec)
 
@@ -175,8 +206,34 @@ class StreamServer:
                 continue
             self.progress(f"[{i}/{len(todo)}] {spec.name}.{cfg.name} ready in {time.perf_counter() - started:.1f}s")
 
+    async def _watch_workers(self) -> None:
+        """Refresh `live_workers` from the workers' liveness keys (in the transport's Redis and the
+        engine's, when they differ), for /healthz."""
+        import redis.asyncio as aioredis
+
+        from streamkit.transport.liveness import BEAT_S, live_workers
+
+        urls = sorted({u for u in (self.redis_url, self.engine_url) if u})
+        clients = [aioredis.from_url(u, socket_timeout=3, socket_connect_timeout=3) for u in urls]
+        try:
+            while True:
+                try:
+                    live: dict[str, int] = {}
+                    for r in clients:
+                        for role, n in (await live_workers(r)).items():
+                            live[role] = live.get(role, 0) + n
+                    self.live_workers, self.workers_error = live, None
+                except Exception as exc:  # Redis down: degraded until it answers again
+                    self.workers_error = f"redis unreachable: {exc}"
+                await asyncio.sleep(BEAT_S)
+        finally:
+            for r in clients:
+                await r.aclose()
+
     async def start(self) -> "StreamServer":
         self.load_pipelines()
+        if self.redis_url or self.engine_url:
+            self._liveness_task = asyncio.create_task(self._watch_workers())
         if self.preload:
             await self.preload_models()
         if not is_loopback(self.host) and not self.security.token:
@@ -221,7 +278,8 @@ class StreamServer:
         if headers.get("Upgrade", "").lower() == "websocket":
             return H.response(404, "the websocket endpoint is /ws\n")
         if route == "/healthz":
-            return H.json_response(503 if self.shutting_down else 200, self.health())
+            health = self.health()
+            return H.json_response(200 if health["status"] == "ok" else 503, health)
         if route == "/metrics":
             if self.security.token and not self.security.token_ok(path, headers):
                 return H.response(401, "token required\n")
@@ -260,13 +318,17 @@ class StreamServer:
                 await asyncio.wait_for(self._ws_server.wait_closed(), 10)
             except (asyncio.TimeoutError, TimeoutError):
                 pass
-        if self._transport is not None and hasattr(self._transport, "close"):
+        if self._liveness_task is not None:
+            self._liveness_task.cancel()
+            await asyncio.gather(self._liveness_task, return_exceptions=True)
+        close = getattr(self._transport, "aclose", None) or getattr(self._transport, "close", None)
+        if close is not None:  # RedisTransport has aclose, MemoryTransport close
             try:
-                res = self._transport.close()
+                res = close()
                 if asyncio.iscoroutine(res):
                     await res
-            except Exception:
-                pass
+            except Exception as exc:
+                log.warning("closing the transport failed: %s", exc)
         self._closed.set()
 
     async def wait_closed(self) -> None:
@@ -302,6 +364,18 @@ def _engines_loaded() -> list[str]:
             if getattr(e, "loaded", False)]
 
 
+def route_text_generation(spec: Any, engine_url: str) -> list[str]:
+    """Point every stage that would generate text on an engine in this process (an `engine`
+    option left at `local`: llm, describe) at the engine workers at `engine_url`. Returns the
+    names of the stages routed."""
+    routed = []
+    for cfg in spec.stages:
+        if getattr(cfg, "engine", None) == "local":
+            cfg.engine = engine_url
+            routed.append(cfg.name)
+    return routed
+
+
 def serve(**kwargs) -> StreamServer:
     """A server to `await server.start()` or use as `async with serve(port=0) as server:`."""
     return StreamServer(**kwargs)
@@ -317,7 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis", default=None, metavar="URL", help="run stages over Redis Streams at URL")
     p.add_argument("--remote-stage", action="append", default=[], metavar="STAGE",
                    help="with --redis: this stage runs in `streamkit worker --stage STAGE` processes (repeatable)")
-    p.add_argument("--web", default=None, help="directory served over HTTP (default: web/)")
+    p.add_argument("--engine", default=os.environ.get("STREAMKIT_ENGINE") or None, metavar="URL",
+                   help="generate text (llm, describe stages) on `streamkit worker --stage engine` processes "
+                        "at this redis:// URL instead of an engine in this process (default: $STREAMKIT_ENGINE)")
+    p.add_argument("--web", default=None, help="directory served over HTTP (default: the installed web/)")
     p.add_argument("--token", default=os.environ.get("STREAMKIT_TOKEN"),
                    help="shared token required on /ws and /metrics (default: $STREAMKIT_TOKEN)")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
@@ -342,7 +419,7 @@ def server_from_args(args: argparse.Namespace) -> StreamServer:
     security = Security(token=args.token or None, allow_origins=args.allow_origin)
     return StreamServer(host=args.host, port=args.port, pipelines_dir=args.pipelines, redis_url=args.redis,
                         web_dir=args.web, limits=limits, security=security, preload=not args.no_preload,
-                        plugins=args.plugin, remote_stages=args.remote_stage)
+                        plugins=args.plugin, remote_stages=args.remote_stage, engine_url=args.engine)
 
 
 async def run_until_signal(server: StreamServer) -> None:

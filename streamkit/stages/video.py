@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, AsyncIterator, Literal
 
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from streamkit.frames import Control, EventFrame, Frame, TextFrame, VideoFrame
 from streamkit.metrics import FRAMES_DROPPED
 from streamkit.stage import Stage, StageConfig, register_stage
+from streamkit.stages.engine_client import make_engine
 
 
 # ------------------------------------------------------------------ video_capture
@@ -519,6 +521,8 @@ class Describe(Stage):
         system: str = DEFAULT_SYSTEM
         model: str | None = None  # GGUF path; default: the shared engine's model
         device: str | None = None
+        engine: str = "local"  # local | redis://host:port/db (engine workers), as for the llm stage
+        engine_prefix: str | None = None
         stream: bool = True
         skip_unchanged: bool = True  # no new sentence while the summary stays the same
 
@@ -528,9 +532,10 @@ class Describe(Stage):
         return isinstance(frame, EventFrame) and frame.name in ("detections", "scene_change")
 
     async def start(self) -> None:
-        from streamkit.engine import SamplingParams, get_engine
+        from streamkit.engine import SamplingParams
 
-        self._engine = get_engine(self.config.model, self.config.device)
+        c = self.config
+        self._engine = make_engine(c.engine, c.model, c.device, c.engine_prefix)
         self._params = SamplingParams(max_tokens=self.config.max_tokens, temperature=self.config.temperature,
                                       stop=["\n"])
         self._window: collections.deque[dict[str, Any]] = collections.deque()
@@ -573,10 +578,12 @@ class Describe(Stage):
             {"role": "user", "content": self.config.prompt.format(summary=summary, window=self.config.window_s)},
         ]
         pieces: list[str] = []
-        async for piece in self._engine.generate(messages, self._params):
-            pieces.append(piece)
-            if self.config.stream and piece:
-                yield TextFrame(piece, final=False, start=start, end=pts, pts=pts)
+        # aclosing: an interrupt closes the stream at once, which frees the engine's sequence
+        async with aclosing(self._engine.generate(messages, self._params)) as stream:
+            async for piece in stream:
+                pieces.append(piece)
+                if self.config.stream and piece:
+                    yield TextFrame(piece, final=False, start=start, end=pts, pts=pts)
         sentence = first_sentence("".join(pieces)) or summary
         self.sentences.append(sentence)
         yield TextFrame(sentence, final=True, start=start, end=pts, pts=pts)

@@ -46,6 +46,7 @@ from streamkit.frames import Frame, FrameDecodeError, decode_frame, encode_frame
 from streamkit.metrics import REGISTRY
 from streamkit.pipeline import SOURCE, PipelineSpec
 from streamkit.transport.base import SINK, Delivery, TransportClosed
+from streamkit.transport.fencing import Fence, own_key
 
 log = logging.getLogger("streamkit.transport.redis")
 T = TypeVar("T")
@@ -72,6 +73,11 @@ def work_key(stage: str) -> str:
 def connect(url: str) -> aioredis.Redis:
     # socket_timeout above the 1 s blocking reads, so a paused server shows up as a timeout
     return aioredis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, health_check_interval=10)
+
+
+# what a Redis command raises while redis-server is down, restarting or paused (and what
+# `retrying` raises once it gives up)
+REDIS_FAULTS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, TransportClosed)
 
 
 async def retrying(op: Callable[[], Awaitable[T]], what: str, retry_s: float = 60.0) -> T:
@@ -118,9 +124,11 @@ class RedisOutbox:
         maxlen: int,
         lag_limit: int,
         retry_s: float,
+        fence: Fence | None = None,
     ) -> None:
         self.r = r
         self.key = key
+        self.fence = fence  # a remote stage's writes are fenced by its owner token
         self.state = state
         self.explicit_ids = explicit_ids
         self.maxlen = maxlen
@@ -155,6 +163,10 @@ class RedisOutbox:
         data = encode_frame(frame)
 
         async def add() -> None:
+            if self.fence is not None:
+                if not await self.fence.xadd(self.key, entry_id, self.maxlen, data):
+                    DEDUPLICATED.inc()
+                return
             try:
                 await self.r.xadd(self.key, {"f": data}, id=entry_id, maxlen=self.maxlen, approximate=True)
             except ResponseError as exc:
@@ -178,6 +190,7 @@ class RedisInbox:
         retry_s: float,
         checkpoint: tuple[str, str, list[RedisOutbox]] | None = None,
         takeover: bool = False,
+        fence: Fence | None = None,
     ) -> None:
         self.r = r
         self.keys = keys
@@ -187,6 +200,7 @@ class RedisInbox:
         self.checkpoint = checkpoint  # (hash key, stage name, the stage's outboxes)
         self._buffer: list[Delivery] = []
         self._reclaim = takeover
+        self.fence = fence
         self._last_seen: dict[str, str] = {k: "0-0" for k in keys}
         self._reconnected = False
 
@@ -238,6 +252,8 @@ class RedisInbox:
     async def _read(self) -> None:
         async def read() -> Any:
             try:
+                if self.fence is not None:
+                    return await self._read_fenced()
                 if self._reconnected:
                     # entries delivered to us whose reply a broken connection lost
                     self._reconnected = False
@@ -251,13 +267,27 @@ class RedisInbox:
             except ResponseError as exc:
                 if "NOGROUP" in str(exc):
                     self.state.closed = True
-                    raise TransportClosed("the session's streams were deleted") from None
+                    raise TransportClosed("the session's streams are gone from Redis: the session was closed, or "
+                                          "redis-server restarted without persistence (appendonly)") from None
                 raise
 
         result = await retrying(read, "xreadgroup", self.retry_s)
         for key, entries in result or []:
             key = key.decode() if isinstance(key, bytes) else key
             await self._accept(key, entries)
+
+    async def _read_fenced(self) -> Any:
+        """A remote stage's read: fenced, so never blocking in Redis; XREAD (which takes nothing)
+        waits for the next entry instead."""
+        if self._reconnected:
+            self._reconnected = False
+            pending = await self.r.xreadgroup(GROUP, self.consumer, dict(self._last_seen), count=64)
+            if any(entries for _, entries in pending or []):
+                return pending
+        found, after = await self.fence.read(self.keys, self.consumer, 32)
+        if not found:
+            await self.r.xread(after, count=1, block=1000)
+        return found
 
     async def get(self) -> Delivery:
         while not self._buffer:
@@ -278,6 +308,12 @@ class RedisInbox:
             by_key.setdefault(key, []).append(entry_id)
 
         async def ack_all() -> None:
+            if self.fence is not None:
+                hkey, stage, outboxes = self.checkpoint or (ckpt_key(self.fence.session), "", [])
+                ckpt = (msgpack.packb({"seq": max(o.seq for o in outboxes), "state": snapshot})
+                        if self.checkpoint is not None else None)
+                await self.fence.ack(hkey, by_key, ckpt)
+                return
             pipe = self.r.pipeline(transaction=True)
             for key, ids in by_key.items():
                 pipe.xack(key, GROUP, *ids)
@@ -331,20 +367,24 @@ class RedisTransport:
     def is_remote(self, spec: PipelineSpec, stage: str) -> bool:
         return stage in self.remote_stages or spec.stage(stage).transport == "redis"
 
-    def outbox(self, spec: PipelineSpec, key: str, producer: str, state: SessionState) -> RedisOutbox:
+    def outbox(self, spec: PipelineSpec, key: str, producer: str, state: SessionState,
+               fence: Fence | None = None) -> RedisOutbox:
         # explicit (deduplicating) IDs need one deterministic producer: not a fan-in stage
         explicit = producer == SOURCE or len(spec.inputs_of[producer]) == 1
         dst = key.rsplit(":", 1)[1]
         lag_limit = spec.stage(dst).queue_size if dst != SINK else 1024
-        return RedisOutbox(self.redis, key, state, explicit, self.maxlen, lag_limit, self.retry_s)
+        return RedisOutbox(self.redis, key, state, explicit, self.maxlen, lag_limit, self.retry_s, fence)
 
     def stage_io(
-        self, spec: PipelineSpec, session: str, stage: str, consumer: str, state: SessionState, takeover: bool
+        self, spec: PipelineSpec, session: str, stage: str, consumer: str, state: SessionState, takeover: bool,
+        fence: Fence | None = None,
     ) -> tuple[RedisInbox, list[RedisOutbox], RedisOutbox]:
+        """A stage's inbox and outboxes. With a `fence` (remote stages) every write and ack is
+        refused once another worker owns the stage."""
         in_keys, out_keys = stage_edges(spec, session, stage)
-        outboxes = [self.outbox(spec, k, stage, state) for k in out_keys]
+        outboxes = [self.outbox(spec, k, stage, state, fence) for k in out_keys]
         inbox = RedisInbox(self.redis, in_keys, consumer, state, self.retry_s,
-                           checkpoint=(ckpt_key(session), stage, outboxes), takeover=takeover)
+                           checkpoint=(ckpt_key(session), stage, outboxes), takeover=takeover, fence=fence)
         return inbox, outboxes[:-1], outboxes[-1]
 
     async def wire(self, spec: PipelineSpec, session_id: str, params: dict[str, Any]):
@@ -378,7 +418,7 @@ class RedisTransport:
         async def close() -> None:
             state.closed = True
             try:
-                await r.delete(*all_edges, *sink_edges, ckpt_key(session_id))
+                await r.delete(*all_edges, *sink_edges, ckpt_key(session_id), own_key(session_id))
             except Exception as exc:  # closing must not raise; leftovers are only garbage
                 log.warning("could not delete session %s streams: %s", session_id, exc)
 
@@ -396,6 +436,19 @@ class _AckingInbox:
 
     def __init__(self, inbox: RedisInbox) -> None:
         self.inbox = inbox
+
+    async def _read_fenced(self) -> Any:
+        """A remote stage's read: fenced, so never blocking in Redis; XREAD (which takes nothing)
+        waits for the next entry instead."""
+        if self._reconnected:
+            self._reconnected = False
+            pending = await self.r.xreadgroup(GROUP, self.consumer, dict(self._last_seen), count=64)
+            if any(entries for _, entries in pending or []):
+                return pending
+        found, after = await self.fence.read(self.keys, self.consumer, 32)
+        if not found:
+            await self.r.xread(after, count=1, block=1000)
+        return found
 
     async def get(self) -> Delivery:
         delivery = await self.inbox.get()
