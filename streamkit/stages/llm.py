@@ -40,7 +40,7 @@ from streamkit.stages.engine_client import make_engine
 _LANG_NAMES = {"es": "Spanish", "fr": "French", "de": "German", "it": "Italian", "pt": "Portuguese", "en": "English"}
 
 SYSTEM_PROMPTS = {
-    # chosen with `streamkit bench translate` (Qwen2.5-Coder-1.5B, 47 sentences; docs/speech.md):
+    # chosen with `streamkit bench translate` (Qwen2.5-Coder-1.5B, 47 sentences; docs/engine.md):
     # chrF 67.8 for the earlier two-line prompt with 2 examples, 70.5 for this one with 8 labelled examples
     "translate": ("You are a professional English-to-{language} interpreter for live meetings and everyday "
                   "conversation; your {language} is read aloud by a speech synthesizer. Translate the user's "
