@@ -28,25 +28,23 @@ def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
 
 
-def _q4_k_as_q4_1(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K super-blocks (256 values: f16 d, dmin, 8 six-bit scale/min pairs, 128 nibble bytes) as
-    Q4_1 blocks of 32 with float32 (d * scale, -dmin * min): value = d*sc*q - dmin*m exactly as
-    gguf's reference computes it, since x + (-y) == x - y in IEEE arithmetic."""
+def _q4_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K super-blocks (256 values: f16 d, dmin, 8 six-bit scale/min pairs, 128 nibble bytes) in the
+    kernels' SK_Q4_K layout (sk_kernels.c): 32-value blocks with Q4_1's nibble order, and per
+    super-block float32 d, dmin and the unpacked uint8 scales and mins (24 bytes). The kernels form
+    (d * scale) * q - dmin * min in fp32, as gguf's reference does: bit-identical values."""
     from gguf.quants import Q4_K
 
     n = data.shape[0]
-    sb = data.reshape(n, -1, 144)
-    nsb = sb.shape[1]
-    flat = sb.reshape(n * nsb, 144)
-    d = _f16(flat, 0)[:, None]
-    dmin = _f16(flat, 2)[:, None]
+    flat = data.reshape(n, -1, 144).reshape(-1, 144)
+    nsb = flat.shape[0] // n
     sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(flat[:, 4:16]))
-    scale = d * sc.astype(np.float32)
-    offset = -(dmin * mn.astype(np.float32))
-    q = flat[:, 16:].reshape(n * nsb, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    q = (q & 0x0F).reshape(n * nsb * 8, 32)  # sub-block 2j: low nibbles of bytes 32j.., 2j+1: high
+    head = np.stack([_f16(flat, 0), _f16(flat, 2)], -1).astype(np.float32)
+    scales = np.concatenate([head.view(np.uint8), sc.astype(np.uint8), mn.astype(np.uint8)], -1)
+    q = flat[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    q = (q & 0x0F).reshape(-1, 32)  # sub-block 2j: low nibbles of bytes 32j.., 2j+1: high
     qs = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8).reshape(n, nsb * 8, 16)
-    return qs, np.stack([scale, offset], -1).reshape(n, nsb * 8, 2)
+    return qs, np.ascontiguousarray(scales).view(np.float32).reshape(n, nsb, 6)
 
 
 def _q5_0_as_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -62,10 +60,10 @@ def _q5_0_as_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def pack(type_name: str, data: np.ndarray) -> PackedWeight:
     """data: the tensor as GGUF stores it, [n, row bytes] uint8 for block formats, [n, k] float32 for F32.
-    Q4_K and Q5_0 are repacked exactly into the kernels' Q4_1 and Q8_0 layouts."""
+    Q4_K is repacked exactly into the kernels' SK_Q4_K layout, Q5_0 into Q8_0."""
     if type_name == "Q4_K":
-        qs, sc = _q4_k_as_q4_1(data)
-        return PackedWeight(FORMATS["Q4_1"], data.shape[0], qs.shape[1] * BLOCK, qs, sc)
+        qs, sc = _q4_k_blocks(data)
+        return PackedWeight(FORMATS["Q4_K"], data.shape[0], qs.shape[1] * BLOCK, qs, sc)
     if type_name == "Q5_0":
         nb = data.shape[1] // 22
         qs, sc = _q5_0_as_q8_0(data.reshape(data.shape[0], nb, 22))
