@@ -133,7 +133,7 @@ def test_tiny_qwen2_native_matches_torch_fp32(qwen_file):
 
 
 @pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
-@pytest.mark.parametrize("kind", ["Q4_K", "Q5_0"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
 def test_native_repacks_are_bit_identical_to_gguf(kind):
     from streamkit.engine.native.weights import dequantize as native_dequantize
     from streamkit.engine.native.weights import pack
@@ -153,17 +153,18 @@ def _native_matmul(w, x: torch.Tensor, amx_min_rows: int, y: torch.Tensor) -> to
 
 
 @pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("rows", [1, 4, 5, 19])
-def test_native_q4_k_matmul(rows):
-    """Q4_K read in its own layout: the fp32 FMA path exactly, the AMX path (where present) bf16-close;
-    an odd number of 16-column tiles and y += x . W^T."""
+def test_native_k_quant_matmul(kind, rows):
+    """K-quants read in their own layouts: the fp32 FMA path exactly, the AMX path (where present)
+    bf16-close; an odd number of 16-column tiles and y += x . W^T."""
     from streamkit.engine.native.weights import dequantize as native_dequantize
     from streamkit.engine.native.weights import pack
 
     rng = np.random.default_rng(rows)
     n, k = 80, 512
-    w = pack("Q4_K", random_blocks("Q4_K", n, k, rng))
-    assert w.nbytes < n * k * 0.6  # 0.59 bytes a weight: 4-bit values, unpacked 8-bit scales
+    w = pack(kind, random_blocks(kind, n, k, rng))
+    assert w.nbytes <= n * k * {"Q4_K": 0.6, "Q6_K": 0.85}[kind]  # 4 / 6-bit values, 8-bit scales
     x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
     y0 = torch.from_numpy(rng.standard_normal((rows, n)).astype(np.float32))
     ref = y0 + x @ torch.from_numpy(native_dequantize(w)).T
@@ -176,13 +177,14 @@ def test_native_q4_k_matmul(rows):
 
 @pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
 def test_tiny_qwen2_native_default_is_close_to_fp32(tmp_path):
-    """The default native mode on an all-Q4_K model (AMX bf16 for the 17-row prefill where present,
-    float16 KV cache). Mixed-format QKV stacks, which 'native' re-quantizes to Q8_0, are left out: on
-    random weights their rounding grows through the layers (the real 1.5B: bench translate)."""
+    """The default native mode on a Q4_K model with Q6_K ffn_down and output (AMX bf16 for the 17-row
+    prefill where present, float16 KV cache). Mixed-format QKV stacks, which 'native' re-quantizes to
+    Q8_0, are left out: on random weights their rounding grows through the layers (the real 1.5B:
+    bench translate)."""
     from streamkit.engine.native.model import NativeLlamaModel
 
-    path = str(tmp_path / "q4k.gguf")
-    write_model(path, layer_types=("Q4_K",))
+    path = str(tmp_path / "kquants.gguf")
+    write_model(path, layer_types=("Q4_K",) * 6 + ("Q6_K",))
     ids = [5, 17, 200, 3, 99, 150, 42, 7, 8, 250, 1, 64, 33, 12, 77, 290, 4, 2]
     ref = _run(LlamaModel(load_gguf(path, progress=False), "cpu", weights="fp32"), ids)
     mine = _run(NativeLlamaModel(load_gguf(path, raw=True, progress=False), "native"), ids)

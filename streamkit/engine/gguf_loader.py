@@ -52,9 +52,9 @@ def read_metadata(path: str) -> dict:
     return {k: _field_value(f) for k, f in r.fields.items()}
 
 
-# block formats the native kernels read as they are (Q4_K and Q5_0 are repacked exactly into their
-# Q4_1 / Q8_0 layouts); other quantized types are re-quantized to Q8_0
-NATIVE_BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q5_0")
+# block formats the native kernels read (Q4_K, Q6_K and Q5_0 repacked exactly into their own layouts);
+# other quantized types (Q5_K) are re-quantized to Q8_0
+NATIVE_BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0")
 
 
 def load_gguf(path: str, *, progress: bool = True, raw: bool = False, requantize: bool = True) -> GGUFModel:
@@ -63,7 +63,7 @@ def load_gguf(path: str, *, progress: bool = True, raw: bool = False, requantize
     layout whatever the file's architecture stores.
 
     raw=True (the native CPU path) keeps every 2-D tensor in a block format instead of dequantizing
-    it: NATIVE_BLOCK_TYPES as stored, F32 / F16 / BF16 as float32, anything else (Q6_K, Q5_K)
+    it: NATIVE_BLOCK_TYPES as stored, F32 / F16 / BF16 as float32, anything else (Q5_K)
     re-quantized to Q8_0 (logged: a small loss against the file, at ~1.06 bytes per weight), or
     with requantize=False kept exact as float32 (the native-fp32 reference mode)."""
     import gguf

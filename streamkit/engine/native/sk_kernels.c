@@ -37,11 +37,15 @@
 #define SK_API __attribute__((visibility("default")))
 #define INLINE static inline __attribute__((always_inline))
 
-enum { SK_F32 = 0, SK_Q4_1 = 1, SK_Q8_0 = 2, SK_Q4_0 = 3, SK_Q4_K = 4 };
+enum { SK_F32 = 0, SK_Q4_1 = 1, SK_Q8_0 = 2, SK_Q4_0 = 3, SK_Q4_K = 4, SK_Q6_K = 5 };
 /* SK_Q4_K: a GGUF Q4_K super-block of 256 values as 8 blocks of 32. qs as Q4_1 (16 bytes a block:
  * value i in the low nibble of byte i, value i + 16 in the high nibble); sc per super-block 24
  * bytes: float d, float dmin, uint8 scale[8], uint8 min[8] (the 6-bit pairs unpacked). A block's
- * values are (d * scale) * q - dmin * min, computed in fp32 as gguf's dequantize computes them. */
+ * values are (d * scale) * q - dmin * min, computed in fp32 as gguf's dequantize computes them.
+ * SK_Q6_K: a GGUF Q6_K super-block as 8 blocks of 32 with 6-bit values 0..63 in natural order; qs 24
+ * bytes a block: the low 4 bits as Q4_1's nibbles, then two uint32 holding the high 2 bits of
+ * values 0..15 and 16..31 (value i at bits 2i); sc per super-block 24 bytes: float d, 4 unused bytes,
+ * int8 scale[16] (one per 16 values). Values are (d * scale) * (q - 32), as in gguf. */
 
 /* A weight of n output rows by k inputs, repacked at load from the GGUF blocks into two arrays so
  * the scales can be broadcast straight from memory (converting fp16 scales in the loop made it
@@ -90,6 +94,22 @@ INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, __m512 *lo, __m512 *
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->qs + 16 * b)));
         *lo = _mm512_permutexvar_ps(q, tbl); /* vpermps reads only the low 4 bits of each index */
         *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), tbl);
+    } else if (fmt == SK_Q6_K) {
+        const float *S = w->sc + 6 * (b >> 3);
+        const int8_t *scale = (const int8_t *)(S + 2) + 2 * (b & 7);
+        const uint8_t *qb = w->qs + 24 * b;
+        uint32_t h[2];
+        memcpy(h, qb + 16, 8);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qb));
+        const __m512i sh = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
+        const __m512i ql = _mm512_and_si512(q, m4), qh = _mm512_srli_epi32(q, 4);
+        const __m512i vl = _mm512_or_si512(ql, _mm512_slli_epi32(
+                                                   _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)h[0]), sh), m2), 4));
+        const __m512i vh = _mm512_or_si512(qh, _mm512_slli_epi32(
+                                                   _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)h[1]), sh), m2), 4));
+        *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(vl, off)), _mm512_set1_ps(S[0] * (float)scale[0]));
+        *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(vh, off)), _mm512_set1_ps(S[0] * (float)scale[1]));
     } else if (fmt == SK_Q8_0) {
         const __m512 d = _mm512_set1_ps(w->sc[b]);
         const __m128i *q = (const __m128i *)(w->qs + 32 * b);
@@ -117,8 +137,10 @@ static void dq_row(const sk_w *w, int n, float *out) {
 #define SK_PREFETCH_AHEAD 2048 /* bytes of qs ahead of the rows being multiplied */
 #define SK_STRIP_AHEAD 16      /* rows ahead of the one being dequantized into an AMX strip */
 
-static int qs_block_bytes(int fmt) { return fmt == SK_Q8_0 ? 32 : fmt == SK_F32 ? 128 : 16; }
-static int sc_block_bytes(int fmt) { return fmt == SK_Q8_0 ? 4 : fmt == SK_F32 ? 0 : fmt == SK_Q4_K ? 3 : 8; }
+static int qs_block_bytes(int fmt) { return fmt == SK_Q8_0 ? 32 : fmt == SK_F32 ? 128 : fmt == SK_Q6_K ? 24 : 16; }
+static int sc_block_bytes(int fmt) {
+    return fmt == SK_Q8_0 ? 4 : fmt == SK_F32 ? 0 : (fmt == SK_Q4_K || fmt == SK_Q6_K) ? 3 : 8;
+}
 
 /* prefetcht0 as a volatile asm: GCC 12 deletes a loop of _mm_prefetch calls once it is inlined */
 INLINE void prefetch(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
@@ -189,6 +211,7 @@ static void fma_cols(const sk_w *w, int mr, const float *x, int ldx, float *y, i
     case SK_Q8_0: FMA_ROWS(SK_Q8_0); break;
     case SK_Q4_0: FMA_ROWS(SK_Q4_0); break;
     case SK_Q4_K: FMA_ROWS(SK_Q4_K); break;
+    case SK_Q6_K: FMA_ROWS(SK_Q6_K); break;
     default: FMA_ROWS(SK_F32); break;
     }
 }
@@ -337,6 +360,7 @@ static void dq_strip_any(const sk_w *w, int n0, uint16_t *buf) {
     case SK_Q8_0: dq_strip(SK_Q8_0, w, n0, buf); break;
     case SK_Q4_0: dq_strip(SK_Q4_0, w, n0, buf); break;
     case SK_Q4_K: dq_strip(SK_Q4_K, w, n0, buf); break;
+    case SK_Q6_K: dq_strip(SK_Q6_K, w, n0, buf); break;
     default: dq_strip(SK_F32, w, n0, buf); break;
     }
 }

@@ -47,6 +47,26 @@ def _q4_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return qs, np.ascontiguousarray(scales).view(np.float32).reshape(n, nsb, 6)
 
 
+def _q6_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, f16 d) in the
+    kernels' SK_Q6_K layout (sk_kernels.c): per 32 values 16 nibble bytes in Q4_1's order and two
+    uint32 of high bit pairs; per super-block float32 d and the int8 scales (24 bytes)."""
+    n = data.shape[0]
+    flat = data.reshape(-1, 210)
+    nsb = flat.shape[0] // n
+    ql = flat[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    qh = flat[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    q = ((ql & 0x0F).reshape(-1, 256) | ((qh & 0x03).reshape(-1, 256) << 4)).reshape(-1, 32)
+    nib = (q[:, :16] & 0x0F) | ((q[:, 16:] & 0x0F) << 4)
+    bits = (q >> 4).astype(np.uint32).reshape(-1, 2, 16) << (2 * np.arange(16, dtype=np.uint32))
+    high = np.bitwise_or.reduce(bits, axis=-1).astype("<u4").view(np.uint8)  # [blocks, 8]
+    qs = np.concatenate([nib.astype(np.uint8), high], -1).reshape(n, nsb * 8, 24)
+    head = np.zeros((flat.shape[0], 2), np.float32)
+    head[:, 0] = _f16(flat, 208)
+    scales = np.concatenate([head.view(np.uint8), flat[:, 192:208]], -1)
+    return np.ascontiguousarray(qs), np.ascontiguousarray(scales).view(np.float32).reshape(n, nsb, 6)
+
+
 def _q5_0_as_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q5_0 blocks (f16 d, 32 high bits, 16 nibble bytes) as Q8_0: int8 q - 16 with the same d."""
     n, nb = blocks.shape[:2]
@@ -60,10 +80,13 @@ def _q5_0_as_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def pack(type_name: str, data: np.ndarray) -> PackedWeight:
     """data: the tensor as GGUF stores it, [n, row bytes] uint8 for block formats, [n, k] float32 for F32.
-    Q4_K is repacked exactly into the kernels' SK_Q4_K layout, Q5_0 into Q8_0."""
+    Q4_K and Q6_K are repacked exactly into the kernels' SK_Q4_K / SK_Q6_K layouts, Q5_0 into Q8_0."""
     if type_name == "Q4_K":
         qs, sc = _q4_k_blocks(data)
         return PackedWeight(FORMATS["Q4_K"], data.shape[0], qs.shape[1] * BLOCK, qs, sc)
+    if type_name == "Q6_K":
+        qs, sc = _q6_k_blocks(data)
+        return PackedWeight(FORMATS["Q6_K"], data.shape[0], qs.shape[1] * BLOCK, qs, sc)
     if type_name == "Q5_0":
         nb = data.shape[1] // 22
         qs, sc = _q5_0_as_q8_0(data.reshape(data.shape[0], nb, 22))
