@@ -26,8 +26,9 @@ def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> 
 
 def write_model(path, *, arch: str = "qwen2", layer_types: tuple[str, ...] = ("Q4_K", "Q5_0", "Q8_0", "Q4_1"),
                 extra_types: tuple[str, ...] = (), dim: int = 256, ffn: int = 512, heads: int = 4, kv: int = 2,
-                layers: int = 2, vocab: int = 300, biases: bool | None = None, seed: int = 0) -> None:
-    """A random model in `arch`'s tensor layout. Layer weights cycle through `layer_types`; each of
+                layers: int = 2, vocab: int = 300, biases: bool | None = None, rope_freqs: bool = False,
+                seed: int = 0) -> None:
+    """A random model in `arch`'s tensor layout (llama: `rope_freqs` adds Llama 3.1's rope factors). Layer weights cycle through `layer_types`; each of
     `extra_types` adds one stand-alone tensor `extra.<TYPE>.weight` [16, 512]."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
@@ -50,6 +51,8 @@ def write_model(path, *, arch: str = "qwen2", layer_types: tuple[str, ...] = ("Q
     add("token_embd.weight", "Q8_0", vocab, dim)
     add("output.weight", "Q6_K" if "Q6_K" in layer_types else "Q8_0", vocab, dim)
     w.add_tensor("output_norm.weight", rng.uniform(0.5, 1.5, dim).astype(np.float32))
+    if rope_freqs:  # Llama 3.1's per-frequency rope factors
+        w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 8.0, (dim // heads) // 2).astype(np.float32))
     for i in range(layers):
         p = f"blk.{i}."
         for name, rows, cols in (("attn_q", dim, dim), ("attn_k", kv * hd, dim), ("attn_v", kv * hd, dim),

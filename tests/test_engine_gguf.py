@@ -189,3 +189,31 @@ def test_tiny_qwen2_native_default_is_close_to_fp32(tmp_path):
     ref = _run(LlamaModel(load_gguf(path, progress=False), "cpu", weights="fp32"), ids)
     mine = _run(NativeLlamaModel(load_gguf(path, raw=True, progress=False), "native"), ids)
     assert ((mine - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+@pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
+def test_tiny_llama3_with_rope_factors_native_matches_torch(tmp_path):
+    """A llama file with Llama 3.1's rope_freqs: detected as llama (no permutation, no biases); both
+    paths rotate with the factors."""
+    from streamkit.engine.model import rope_angles
+    from streamkit.engine.native.model import NativeLlamaModel
+
+    path = str(tmp_path / "llama3.gguf")
+    write_model(path, arch="llama", biases=False, rope_freqs=True, layer_types=("Q4_K", "Q6_K", "Q8_0"))
+    gm = load_gguf(path, progress=False)
+    assert (gm.config.arch, gm.config.qkv_bias) == ("llama", False)
+    plain = rope_angles(gm.config)
+    assert not torch.allclose(rope_angles(gm.config, gm.tensors["rope_freqs.weight"]), plain)
+    ids = [5, 17, 200, 3, 99, 150, 42, 7, 8, 250, 1, 64]
+    ref = _run(LlamaModel(gm, "cpu", weights="fp32"), ids)
+    mine = _run(NativeLlamaModel(load_gguf(path, raw=True, progress=False), "native-fp32"), ids)
+    assert ((mine - ref).abs().max() / ref.abs().max()).item() < 1e-5  # fp32, summation order only
+
+
+def test_unknown_pre_tokenizer_is_refused_by_name():
+    from streamkit.engine.tokenizer import Tokenizer
+
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "deepseek-coder",
+            "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": []}
+    with pytest.raises(NotImplementedError, match="deepseek-coder"):
+        Tokenizer(meta)
