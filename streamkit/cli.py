@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
     if args.health:
-        from streamkit.transport.liveness import (
+        from streamkit.liveness import (
             ENGINE_ROLE,
             alive_on_this_host,
             stage_role,
@@ -124,8 +124,8 @@ def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
         print("healthy" if alive else f"unhealthy: no live {role} worker on this host", file=sys.stderr)
         return 0 if alive else 1
     if args.stage == "engine":
-        return _delegate("streamkit.engine.worker", ["--redis", args.redis, *rest])
-    from streamkit.transport.redis_worker import run_stage_worker
+        return _delegate("streamkit.engine.service.worker", ["--redis", args.redis, *rest])
+    from streamkit.stage_worker import run_stage_worker
 
     asyncio.run(run_stage_worker(args.redis, args.stage, claim_idle_ms=args.claim_idle_ms,
                                  max_sessions=args.max_sessions))
@@ -178,13 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     setup_logging(args.verbose)
     if args.command == "serve":
-        return _delegate("streamkit.server.app", rest)
+        return _delegate("streamkit.server.serve_cli", rest)
     if args.command == "client":
         return _delegate("streamkit.client", rest)
     if args.command == "bench":
         return _delegate(f"streamkit.bench.{args.target}", rest)
     if getattr(args, "plugin", None):
-        from streamkit.stage import load_plugins
+        from streamkit.stages.catalog import load_plugins
 
         load_plugins(args.plugin)
     if args.command == "worker":

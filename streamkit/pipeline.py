@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from streamkit.shipped import shipped_dir
-from streamkit.stage import StageConfig, get_stage_class, stage_types
+from streamkit.stage import StageConfig
+from streamkit.stages.catalog import get_stage_class, stage_types
 from streamkit.yamlpos import Position, PositionedYaml, YamlError, load_positioned
 
 SOURCE = "input"  # the pseudo-stage that session input comes from

@@ -34,7 +34,7 @@ def check_command(cmd: list[str], in_compose: bool = True) -> None:
 
     args, rest = cli.build_parser().parse_known_args(cmd)
     if args.command == "serve":
-        from streamkit.server.app import build_parser
+        from streamkit.server.serve_cli import build_parser
 
         sargs = build_parser().parse_args(rest)
         for stage in sargs.remote_stage:
@@ -46,11 +46,11 @@ def check_command(cmd: list[str], in_compose: bool = True) -> None:
     elif args.command == "worker":
         assert not rest or args.stage == "engine", f"unknown worker options {rest}"
         if args.stage == "engine":
-            if importlib.util.find_spec("streamkit.engine.worker") is None:
-                pytest.skip("streamkit.engine.worker has not landed yet (engine worker entry point)")
-            assert callable(getattr(importlib.import_module("streamkit.engine.worker"), "main"))
+            if importlib.util.find_spec("streamkit.engine.service.worker") is None:
+                pytest.skip("streamkit.engine.service.worker has not landed yet (engine worker entry point)")
+            assert callable(getattr(importlib.import_module("streamkit.engine.service.worker"), "main"))
         else:
-            from streamkit.transport.redis_worker import run_stage_worker
+            from streamkit.stage_worker import run_stage_worker
 
             assert callable(run_stage_worker)
             assert args.stage in _stage_names(), f"worker --stage {args.stage} is no stage of pipelines/"

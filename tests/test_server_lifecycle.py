@@ -35,7 +35,7 @@ def free_port() -> int:
 
 async def test_client_that_never_reads(pipelines):
     """Server memory stays bounded, the stalled client is closed, other sessions carry on."""
-    from streamkit.server.metrics import ERRORS
+    from streamkit.server.telemetry import ERRORS
 
     limits = Limits(send_timeout=1.5, out_queue=16, metrics_interval=0.2)
     before = ERRORS.value(code="slow_consumer")

@@ -13,10 +13,10 @@ import uuid
 import pytest
 
 from streamkit.engine import Engine, default_model_path
-from streamkit.engine.worker import run_worker
+from streamkit.engine.service.worker import run_worker
+from streamkit.liveness import alive_key, stage_role
 from streamkit.server.testing import running_server
-from streamkit.transport.liveness import alive_key, stage_role
-from streamkit.transport.redis_worker import StageWorker
+from streamkit.stage_worker import StageWorker
 
 pytestmark = pytest.mark.redis
 
@@ -89,7 +89,7 @@ async def test_serve_engine_routes_text_generation_to_the_engine_worker(tmp_path
     engine.load()
     stop = asyncio.Event()
     prefix = f"test:{uuid.uuid4().hex[:8]}"
-    async with running_server(tmp_path, engine_url=redis_url) as server:
+    async with asyncio.timeout(240), running_server(tmp_path, engine_url=redis_url) as server:
         spec = server.pipelines["translate"]
         assert spec.stage("translate").engine == redis_url and server.routed_to_engine == {"translate": ["translate"]}
         assert not [m for m in server.health()["models"] if m.startswith("engine:")]  # no LLM in the server

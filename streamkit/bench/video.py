@@ -45,7 +45,7 @@ def log(msg: str) -> None:
 
 
 def make_bench_clip(width: int, height: int, fps: float, seconds: float) -> Path:
-    from streamkit.video.synth import make_clip
+    from streamkit.video.synthetic import make_clip
 
     cache = Path(os.environ.get("STREAMKIT_CACHE", Path(tempfile.gettempdir()) / "streamkit-cache"))
     cache.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,11 @@ def make_engine(engine: str, model: str | None = None, device: str | None = None
                 engine_prefix: str | None = None) -> Any:
     """An object with `generate(prompt, params)` (an async iterator of text pieces)."""
     if engine.startswith(REMOTE_SCHEMES):
-        from streamkit.engine.remote import RemoteEngine
+        from streamkit.engine.service.remote import RemoteEngine
 
-        return RemoteEngine(engine, prefix=engine_prefix) if engine_prefix else RemoteEngine(engine)
+        if engine_prefix:
+            return RemoteEngine(engine, prefix=engine_prefix, model=model)
+        return RemoteEngine(engine, model=model)
     if engine != "local":
         raise ValueError(f"engine must be 'local' or a redis:// URL, got {engine!r}")
     from streamkit.engine import get_engine

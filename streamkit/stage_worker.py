@@ -7,7 +7,7 @@ acknowledgement it makes is checked against, and keeps the announcement pending 
 touching it (XCLAIM with JUSTID resets its idle time) as long as the token is still its own.
 
 Takeover: an announcement idle for `claim_idle_ms` whose owner's liveness key
-(streamkit/transport/liveness.py, TTL = the claim timeout) has expired is claimed by another
+(streamkit/liveness.py, TTL = the claim timeout) has expired is claimed by another
 worker, which acquires a newer token (fencing the old owner out: a paused worker that resumes gets
 `Fenced` on its next write or ack and drops the session), restores the output positions from the
 session's checkpoint, replays the inputs the old owner left pending, and carries on. A worker
@@ -28,18 +28,19 @@ from typing import Any
 import msgpack
 from redis.exceptions import ResponseError
 
+from streamkit.liveness import heartbeat, is_alive, stage_role
 from streamkit.metrics import REGISTRY
 from streamkit.pipeline import spec_from_mapping
+from streamkit.redis_io import REDIS_FAULTS
 from streamkit.runtime import StageHost
 from streamkit.shutdown import stop_on_signals
-from streamkit.stage import StageContext, get_stage_class
+from streamkit.stage import StageContext
+from streamkit.stages.catalog import build_stage
 from streamkit.transport.base import TransportClosed
 from streamkit.transport.fencing import Fence, Fenced
-from streamkit.transport.liveness import heartbeat, is_alive, stage_role
-from streamkit.transport.redis import (
-    REDIS_FAULTS,
+from streamkit.transport.redis import RedisTransport
+from streamkit.transport.redis_edges import (
     WORK_GROUP,
-    RedisTransport,
     SessionState,
     ensure_group,
     retrying,
@@ -47,6 +48,8 @@ from streamkit.transport.redis import (
 )
 
 log = logging.getLogger("streamkit.worker")
+# a Redis fault, or the transport giving up on one
+FAULTS = (*REDIS_FAULTS, TransportClosed)
 TAKEOVERS = REGISTRY.counter("streamkit_worker_takeovers_total",
                              "Sessions a stage worker took over from a worker whose liveness expired")
 
@@ -105,7 +108,7 @@ class StageWorker:
                                 "creating it again", self.key)
                     self._redis_failed_at = time.monotonic()
                     await ensure_group(self.redis, self.key, WORK_GROUP)
-                except REDIS_FAULTS as exc:  # Redis down for longer than the retries: keep trying
+                except FAULTS as exc:  # Redis down for longer than the retries: keep trying
                     log.warning("redis unavailable (%s); retrying", exc)
                     self._redis_failed_at = time.monotonic()
                     await asyncio.sleep(1.0)
@@ -124,7 +127,7 @@ class StageWorker:
     async def _redis(self, op, what: str) -> Any:
         try:
             return await retrying(op, what)
-        except REDIS_FAULTS:
+        except FAULTS:
             self._redis_failed_at = time.monotonic()
             raise
 
@@ -205,7 +208,7 @@ class StageWorker:
                 TAKEOVERS.inc(stage=self.stage)
                 log.info("took over stage %s of session %s (owner epoch %d)", self.stage, session, fence.epoch)
             context = StageContext(spec.name, session, params, spec.output_audio.sample_rate)
-            stage = get_stage_class(cfg.type)(cfg, context)
+            stage = build_stage(cfg, context)
             host = StageHost(stage, inbox, downstream, sink, to_sink=self.stage in spec.output,
                              upstream_count=len(spec.inputs_of[self.stage]), concurrent=False,
                              start_seq=start_seq, snapshot=snapshot)

@@ -5,17 +5,18 @@ import asyncio
 import uuid
 from typing import AsyncIterator
 
-from streamkit.engine import protocol as P
 from streamkit.engine.params import SamplingParams
+from streamkit.engine.service import wire
 
 
 class RemoteEngine:
-    def __init__(self, redis_url: str, prefix: str = P.DEFAULT_PREFIX, first_reply_timeout: float = 120.0,
-                 idle_timeout: float = 60.0):
+    def __init__(self, redis_url: str, prefix: str = wire.DEFAULT_PREFIX, first_reply_timeout: float = 120.0,
+                 idle_timeout: float = 60.0, model: str | None = None):
         import redis.asyncio as aioredis
 
         self.redis_url = redis_url
         self.prefix = prefix
+        self.model = model  # what the worker should run (a GGUF path or packaged name); None: its default
         self.first_reply_timeout = first_reply_timeout
         self.idle_timeout = idle_timeout
         self._r = aioredis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=5.0)  # a paused Redis times out
@@ -25,21 +26,21 @@ class RemoteEngine:
         timeouts); a request that a non-persistent restart lost before any worker took it is sent
         again; pieces such a restart lost raise an error naming the cause rather than leaving a
         hole in the text."""
-        from streamkit.transport.redis import REDIS_FAULTS
+        from streamkit.redis_io import REDIS_FAULTS
 
         params = params or SamplingParams()
         r = self._r
         rid = uuid.uuid4().hex
-        reply = P.reply_key(self.prefix, rid)
+        reply = wire.reply_key(self.prefix, rid)
         payload = {"id": rid, "prompt": prompt if isinstance(prompt, str) else [dict(m) for m in prompt],
-                   "params": params.to_dict(), "reply": reply}
+                   "params": params.to_dict(), "reply": reply, "model": self.model}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.first_reply_timeout
 
         async def submit() -> str:
             while True:
                 try:
-                    return await r.xadd(P.requests_key(self.prefix), {"d": P.pack(payload)})
+                    return await r.xadd(wire.requests_key(self.prefix), {"d": wire.pack(payload)})
                 except REDIS_FAULTS:
                     if loop.time() > deadline:
                         raise TimeoutError("redis unreachable: the request could not be sent") from None
@@ -54,7 +55,7 @@ class RemoteEngine:
         try:
             while True:
                 try:
-                    if faulted and not started and not await r.xrange(P.requests_key(self.prefix), request_id,
+                    if faulted and not started and not await r.xrange(wire.requests_key(self.prefix), request_id,
                                                                       request_id):
                         request_id = await submit()  # Redis came back without it: no worker has it
                     faulted = False
@@ -72,7 +73,7 @@ class RemoteEngine:
                 for _s, entries in resp:
                     for eid, f in entries:
                         last = eid
-                        msg = P.unpack(f[b"d"])
+                        msg = wire.unpack(f[b"d"])
                         kind, value = msg.get("k"), msg.get("v")
                         n = msg.get("n", expected)
                         if n != expected:
@@ -93,7 +94,7 @@ class RemoteEngine:
         finally:
             if not done:
                 try:
-                    await asyncio.shield(r.xadd(P.cancel_key(self.prefix), {"d": P.pack({"id": rid})},
+                    await asyncio.shield(r.xadd(wire.cancel_key(self.prefix), {"d": wire.pack({"id": rid})},
                                                 maxlen=10000, approximate=True))
                 except Exception:
                     pass
