@@ -76,7 +76,7 @@ async def test_llm_prompt_and_messages_modes(engine):
     assert m.build_prompt("hi")[-1] == {"role": "user", "content": "Say: hi"}
     t = Stage(Stage.Config(name="x", mode="translate", target_language="es"), ctx)
     msgs = t.build_prompt("Good night.")
-    assert "Spanish" in msgs[0]["content"] and msgs[-1]["content"] == "Good night."
+    assert "Spanish" in msgs[0]["content"] and msgs[-1]["content"] == "Translate to Spanish: Good night."
 
 
 TTS = "name: t\noutput_audio: {sample_rate: %d}\nstages:\n  - {name: tts, type: tts, voice: af_heart}\noutput: [tts]\n"

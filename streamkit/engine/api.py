@@ -42,7 +42,9 @@ class Engine:
     """Lazily loaded; generate() may be called from any asyncio loop in any thread."""
 
     def __init__(self, model_path: str | None = None, device: str | None = None, **options):
-        self.model_path = model_path or default_model_path()
+        from streamkit.engine.model_store import resolve_model
+
+        self.model_path = resolve_model(model_path) or default_model_path()
         self.device = resolve_device(device)
         self.options = options
         self._core = None
@@ -160,8 +162,11 @@ _engines_lock = threading.Lock()
 
 
 def get_engine(model_path: str | None = None, device: str | None = None, **options) -> Engine:
-    """Process-wide singleton per (model path, device). Loads lazily on first use."""
-    path = os.path.abspath(model_path or default_model_path())
+    """Process-wide singleton per (model path, device). Loads lazily on first use. model_path may
+    name a packaged model (`model_store.NAMED`, `smollm2-135m`)."""
+    from streamkit.engine.model_store import resolve_model
+
+    path = os.path.abspath(resolve_model(model_path) or default_model_path())
     dev = resolve_device(device)
     key = (path, dev)
     with _engines_lock:

@@ -18,6 +18,8 @@ class LlamaConfig:
     context_length: int = 2048
     tied_embeddings: bool = True
     rope_scaling: dict | None = None
+    arch: str = "llama"
+    qkv_bias: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -27,7 +29,8 @@ class LlamaConfig:
     def n_params(self) -> int:
         hd = self.head_dim
         per_layer = (self.dim * hd * (self.n_heads * 2 + self.n_kv_heads * 2)
-                     + 3 * self.dim * self.ffn_dim + 2 * self.dim)
+                     + 3 * self.dim * self.ffn_dim + 2 * self.dim
+                     + (hd * (self.n_heads + 2 * self.n_kv_heads) if self.qkv_bias else 0))
         emb = self.vocab_size * self.dim * (1 if self.tied_embeddings else 2)
         return self.n_layers * per_layer + emb + self.dim
 

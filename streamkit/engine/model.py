@@ -1,4 +1,4 @@
-"""Llama forward pass in torch over a paged KV cache.
+"""Llama / qwen2 forward pass in torch over a paged KV cache (qwen2 adds Q/K/V biases).
 
 One forward handles a flattened batch: the first n_decode tokens are single-token segments of
 distinct sequences (batched paged decode attention); the rest are prefill chunks, one sequence
@@ -37,6 +37,7 @@ class Layer:
     ffn_norm: torch.Tensor
     gate_up: Linear
     down: Linear
+    qkv_bias: torch.Tensor | None = None  # qwen2
 
 
 @dataclass
@@ -107,9 +108,13 @@ class LlamaModel:
             p = f"blk.{i}."
             qkv = torch.cat([t(p + "attn_q.weight"), t(p + "attn_k.weight"), t(p + "attn_v.weight")], 0)
             gu = torch.cat([t(p + "ffn_gate.weight"), t(p + "ffn_up.weight")], 0)
+            bias = None
+            if cfg.qkv_bias:
+                bias = torch.cat([t(p + "attn_q.bias"), t(p + "attn_k.bias"), t(p + "attn_v.bias")]).to(
+                    device=dev, dtype=torch.float32)
             self.layers.append(Layer(norm(p + "attn_norm.weight"), Linear(qkv, mode, dev),
                                      Linear(t(p + "attn_output.weight"), mode, dev), norm(p + "ffn_norm.weight"),
-                                     Linear(gu, mode, dev), Linear(t(p + "ffn_down.weight"), mode, dev)))
+                                     Linear(gu, mode, dev), Linear(t(p + "ffn_down.weight"), mode, dev), bias))
         hd = cfg.head_dim
         freqs = rope_angles(cfg, T.get("rope_freqs.weight"))
         self.freqs_cis = torch.polar(torch.ones_like(freqs), freqs).to(dev)  # complex64 [ctx, hd/2]
@@ -156,6 +161,8 @@ class LlamaModel:
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, eps)
             qkv = L.qkv(h)
+            if L.qkv_bias is not None:
+                qkv = qkv + L.qkv_bias
             qk = self._rope(qkv[:, :qk_w].reshape(T, H + KV, hd), b.positions)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, qk_w:].view(T, KV, hd)

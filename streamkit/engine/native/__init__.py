@@ -28,7 +28,7 @@ SOURCE = Path(__file__).with_name("sk_kernels.c")
 CFLAGS = ["-O3", "-march=native", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
           "-fvisibility=hidden"]
 # weight formats understood by the kernels (block layouts exactly as in GGUF files)
-FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2, "Q4_0": 3}
+FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2, "Q4_0": 3, "Q4_K": 4, "Q6_K": 5}
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -89,6 +89,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_model_free": ([P], None),
         "sk_model_set_globals": ([P, I, P, P, I, P, P, P, P, P, I], None),
         "sk_model_set_layer": ([P, I, P, P, I, P, P, I, P, P, I, P, P, I, P, P], None),
+        "sk_model_set_qkv_bias": ([P, I, P], None),
         "sk_model_set_kv": ([P, P, P, L, I, I], I),
         "sk_forward": ([P, I, P, P, P, P, P, I, I, P, P, I, I], I),
         "sk_matmul": ([I, P, P, I, I, I, P, P, I, I, I], I),

@@ -53,6 +53,7 @@ class NativeLlamaModel:
         use_amx = weights == "native" and native.amx()
         self.amx_min_rows = (amx_min_rows or AMX_MIN_ROWS) if use_amx else 0
         B, T = gm.blocks, gm.tensors
+        exact = weights == "native-fp32"
 
         def w(name: str) -> PackedWeight:
             return pack(*B[name])
@@ -68,6 +69,7 @@ class NativeLlamaModel:
         self._cos = np.ascontiguousarray(cis.real.numpy())
         self._sin = np.ascontiguousarray(cis.imag.numpy())
         self._layers = []
+        self._biases: list[np.ndarray] = []
         P = native.ptr
         self._m = lib.sk_model_new(cfg.n_layers, cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                    cfg.vocab_size, cfg.norm_eps, default_scale(cfg.head_dim))
@@ -79,9 +81,14 @@ class NativeLlamaModel:
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             layer = (vec(p + "attn_norm.weight"), vec(p + "ffn_norm.weight"),
-                     stack([w(p + "attn_q.weight"), w(p + "attn_k.weight"), w(p + "attn_v.weight")]),
-                     w(p + "attn_output.weight"), stack([w(p + "ffn_gate.weight"), w(p + "ffn_up.weight")]),
+                     stack([w(p + "attn_q.weight"), w(p + "attn_k.weight"), w(p + "attn_v.weight")], exact),
+                     w(p + "attn_output.weight"),
+                     stack([w(p + "ffn_gate.weight"), w(p + "ffn_up.weight")], exact),
                      w(p + "ffn_down.weight"))
+            if cfg.qkv_bias:
+                bias = np.concatenate([vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")])
+                self._biases.append(bias)
+                lib.sk_model_set_qkv_bias(self._m, i, P(bias))
             self._layers.append(layer)  # the C side points into these arrays: keep them alive
             an, fn, qkv, o, gu, down = layer
             lib.sk_model_set_layer(self._m, i, P(an), P(fn), qkv.fmt, P(qkv.qs), P(qkv.sc), o.fmt, P(o.qs), P(o.sc),

