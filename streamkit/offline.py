@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from streamkit import events
 from streamkit.frames import (
     AudioFrame,
     EventFrame,
@@ -99,9 +100,9 @@ class ResultWriter:
         elif isinstance(frame, VideoFrame):
             self._write_video(frame)
         elif isinstance(frame, EventFrame):
-            if frame.name == "error":
+            if frame.name == events.ERROR:
                 self.errors.append(frame.data.get("message", str(frame.data)))
-            if frame.name == "detections":
+            if frame.name == events.DETECTIONS:
                 if self._detections is None:
                     self._detections = self._jsonl("detections.jsonl")
                 self._detections.write(json.dumps({"pts": frame.pts, **frame.data}) + "\n")

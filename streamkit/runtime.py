@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
+from streamkit import events
 from streamkit.frames import Control, ControlKind, EventFrame, Frame
 from streamkit.metrics import FRAMES_IN, FRAMES_OUT, STAGE_ERRORS, STAGE_LATENCY
 from streamkit.pipeline import PipelineSpec
@@ -57,7 +58,7 @@ def _is_interrupt(frame: Frame) -> bool:
 
 
 def error_event(stage: str, code: str, message: str) -> EventFrame:
-    return EventFrame("error", {"stage": stage, "code": code, "message": message}, source=stage)
+    return EventFrame(events.ERROR, {"stage": stage, "code": code, "message": message}, source=stage)
 
 
 class StageHost:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from streamkit import events
 from streamkit.audio import StreamResampler
 from streamkit.frames import (
     AudioFrame,
@@ -103,10 +104,10 @@ class FrameSerializer:
 
     def _event(self, frame: EventFrame) -> Outgoing:
         data = frame.data if isinstance(frame.data, dict) else {}
-        if frame.name == "detections":
+        if frame.name == events.DETECTIONS:
             return event_message(protocol.detections(data.get("pts", frame.pts), data.get("objects", [])),
                                  SendPolicy.DROPPABLE, "detections")
-        if frame.name == "error":
+        if frame.name == events.ERROR:
             return event_message(protocol.error(str(data.get("code", "stage_error")), str(data.get("message", ""))))
         return event_message({"type": "event", "name": frame.name, "source": frame.source,
                               "pts": protocol._num(frame.pts), "data": protocol.jsonable(data)})

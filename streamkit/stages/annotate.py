@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Literal
 
 from pydantic import Field
 
+from streamkit import events
 from streamkit.frames import EventFrame, Frame, VideoFrame
 from streamkit.stage import Stage, StageConfig, register_stage
 
@@ -29,7 +30,7 @@ class Annotate(Stage):
         labels: list[str] | None = None  # draw only these labels (default: all)
 
     def wants(self, frame: Frame) -> bool:
-        return isinstance(frame, VideoFrame) or (isinstance(frame, EventFrame) and frame.name == "detections")
+        return isinstance(frame, VideoFrame) or (isinstance(frame, EventFrame) and frame.name == events.DETECTIONS)
 
     async def start(self) -> None:
         self._frames: collections.deque[VideoFrame] = collections.deque()

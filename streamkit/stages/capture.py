@@ -15,6 +15,7 @@ from typing import AsyncIterator, Literal
 
 from pydantic import Field
 
+from streamkit import events
 from streamkit.audio import StreamResampler
 from streamkit.frames import AudioFrame, EventFrame, Frame
 from streamkit.stage import Stage, StageConfig, register_stage
@@ -33,7 +34,7 @@ class Capture(Stage):
     stateful = True
 
     def wants(self, frame: Frame) -> bool:
-        return isinstance(frame, AudioFrame) or (isinstance(frame, EventFrame) and frame.name == "open")
+        return isinstance(frame, AudioFrame) or (isinstance(frame, EventFrame) and frame.name == events.OPEN)
 
     async def start(self) -> None:
         self.resampler = StreamResampler(self.config.sample_rate, self.config.channels)

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Literal
 
 from pydantic import Field
 
+from streamkit import events
 from streamkit.frames import EventFrame, Frame, TextFrame
 from streamkit.stage import Stage, StageConfig, register_stage
 from streamkit.stages.engine_client import make_engine
@@ -43,7 +44,7 @@ class Describe(Stage):
     interruptible = True  # long generation per frame: cancelled at once on INTERRUPT
 
     def wants(self, frame: Frame) -> bool:
-        return isinstance(frame, EventFrame) and frame.name in ("detections", "scene_change")
+        return isinstance(frame, EventFrame) and frame.name in (events.DETECTIONS, events.SCENE_CHANGE)
 
     async def start(self) -> None:
         from streamkit.engine import SamplingParams
@@ -61,7 +62,7 @@ class Describe(Stage):
     async def process(self, frame: Frame) -> AsyncIterator[Frame]:
         assert isinstance(frame, EventFrame)
         pts = float(frame.data.get("pts", frame.pts))
-        if frame.name == "scene_change":
+        if frame.name == events.SCENE_CHANGE:
             self._cuts.append(pts)
             return
         self._window.append(frame.data)

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Literal
 
 from pydantic import Field, model_validator
 
+from streamkit import events
 from streamkit.frames import EventFrame, Frame, VideoFrame
 from streamkit.stage import Stage, StageConfig, register_stage
 from streamkit.video.detect_options import (
@@ -55,7 +56,7 @@ class Detect(Stage):
                 raise ValueError("detector 'onnx' needs an `onnx: {path: model.onnx}` section")
             return self
 
-    FORWARDED = ("video_dropped", "scene_change")
+    FORWARDED = (events.VIDEO_DROPPED, events.SCENE_CHANGE)
 
     def wants(self, frame: Frame) -> bool:
         # upstream analysis events are re-emitted by this stage so they reach the session output
@@ -119,7 +120,7 @@ class Detect(Stage):
 
     async def process(self, frame: Frame) -> AsyncIterator[Frame]:
         if isinstance(frame, EventFrame):
-            if frame.name == "scene_change":
+            if frame.name == events.SCENE_CHANGE:
                 # a cut is not motion: what came before is compared with the old scene, then reset
                 # (and the trackers search the whole of the new scene's first frame)
                 self._submit()
@@ -177,7 +178,7 @@ class Detect(Stage):
             self._pending.popleft()
             for i, frame in enumerate(batch):
                 objects = [o for part in parts for o in part[i]]
-                yield EventFrame("detections", {"pts": frame.pts, "objects": objects,
+                yield EventFrame(events.DETECTIONS, {"pts": frame.pts, "objects": objects,
                                                 "width": frame.width, "height": frame.height}, pts=frame.pts)
 
     def stats(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import AsyncIterator, Literal
 
 from pydantic import Field
 
+from streamkit import events
 from streamkit.frames import EventFrame, Frame, VideoFrame
 from streamkit.stage import Stage, StageConfig, register_stage
 
@@ -47,7 +48,7 @@ class Sampler(Stage):
         self.seen += 1
         take_scene = self._scene.take(frame.pts, frame.image) if self._scene is not None else False
         if self._scene is not None and self._scene.last_was_cut and self.config.scene_events:
-            yield EventFrame("scene_change", {"pts": frame.pts, "index": frame.index,
+            yield EventFrame(events.SCENE_CHANGE, {"pts": frame.pts, "index": frame.index,
                                               "score": round(self._scene.last_score, 4)}, pts=frame.pts)
         take = self._fixed.take(frame.pts) if self._fixed is not None else take_scene
         if take:

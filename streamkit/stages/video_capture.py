@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Literal
 
 from pydantic import Field
 
+from streamkit import events
 from streamkit.frames import Control, EventFrame, Frame, VideoFrame
 from streamkit.metrics import FRAMES_DROPPED
 from streamkit.stage import Stage, StageConfig, register_stage
@@ -81,7 +82,7 @@ class VideoCapture(Stage):
             return None
         self._last_report = now
         pending, self._pending = self._pending, {}
-        return EventFrame("video_dropped", {
+        return EventFrame(events.VIDEO_DROPPED, {
             "pts": pts, "dropped": sum(pending.values()), "reasons": pending,
             "reason": max(pending, key=pending.get), "total_dropped": self.total_dropped,
             "frames": self.frames, "policy": self.policy,
