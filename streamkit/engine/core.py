@@ -18,12 +18,14 @@ import torch
 from streamkit.engine.gguf_loader import load_gguf
 from streamkit.engine.kv_cache import PagedKVCache
 from streamkit.engine.linear import resolve_weights
-from streamkit.engine.model import LlamaModel, StepBatch
+from streamkit.engine.model import LlamaModel
 from streamkit.engine.native.model import MODES as NATIVE_MODES, NativeLlamaModel
 from streamkit.engine.sampler import make_generator, sample_batch
-from streamkit.engine.scheduler import ScheduledStep, Scheduler
+from streamkit.engine.scheduler import Scheduler
+from streamkit.engine.batch import build_step
+from streamkit.engine.output import OutputProcessor
 from streamkit.engine.sequence import Sequence, State
-from streamkit.engine.speculative import propose_ngram, verify
+from streamkit.engine.speculative import propose_ngram
 from streamkit.engine.stop import StopChecker
 from streamkit.engine.tokenizer import IncrementalDecoder, Tokenizer
 from streamkit.engine.chat_template import ChatTemplate
@@ -112,11 +114,10 @@ class EngineCore:
         if self.speculative not in (None, "ngram"):
             raise ValueError(f"speculative must be 'ngram' or None, got {self.speculative!r}")
         self.spec_k = spec_k or _env_int("STREAMKIT_SPEC_K", 4)
-        self.spec_proposed = 0
-        self.spec_accepted = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.delivery = BatchedWakeups()  # what the sequences' emit() posts to asyncio loops, flushed per step
         self._seqs: dict[int, Sequence] = {}
+        self.output = OutputProcessor(self.tokenizer.stop_ids, self.max_model_len, self.scheduler, self._seqs)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         # stats
@@ -172,9 +173,10 @@ class EngineCore:
             "kv_blocks_cached": self.cache.allocator.num_cached,
             "prefix_cache_hit_tokens": self.scheduler.prefix_hit_tokens,
             "preemptions": self.scheduler.preemptions,
-            "spec_proposed_tokens": self.spec_proposed,
-            "spec_accepted_tokens": self.spec_accepted,
-            "spec_acceptance": round(self.spec_accepted / self.spec_proposed, 4) if self.spec_proposed else None,
+            "spec_proposed_tokens": self.output.spec_proposed,
+            "spec_accepted_tokens": self.output.spec_accepted,
+            "spec_acceptance": (round(self.output.spec_accepted / self.output.spec_proposed, 4)
+                                if self.output.spec_proposed else None),
             "kv_blocks_total": self.cache.num_blocks - 1,
             "device": str(self.device),
             "weights": self.model.weights,
@@ -199,7 +201,7 @@ class EngineCore:
             seq.decoder = IncrementalDecoder(self.tokenizer)
             seq.stopper = StopChecker(seq.params.stop)
             if seq.params.max_tokens <= 0:
-                self._finish(seq, "length")
+                self.output.finish(seq, "length")
                 return
             self._seqs[seq.id] = seq
             self.scheduler.add(seq)
@@ -237,49 +239,6 @@ class EngineCore:
                 self.delivery.flush()
 
     # ---------------------------------------------------------------- one step
-    def _build(self, st: ScheduledStep) -> tuple[StepBatch, list[tuple[Sequence, int]], list[tuple[Sequence, int]]]:
-        """The step's batch, its prefill chunks, and (sequence, logit rows) for every sequence that
-        samples this step: one row, or 1 + its draft's length for a draft being verified."""
-        cache, bs = self.cache, self.cache.block_size
-        ids, pos, slots = [], [], []
-        for seq in st.decode:
-            p = seq.num_computed
-            ids.append(seq.tokens[p])
-            pos.append(p)
-            slots.append(seq.blocks[p // bs] * bs + p % bs)
-        nd = len(ids)
-        dev = self.device
-        bt = cl = None
-        if nd:
-            nb = max(len(s.blocks) for s in st.decode)
-            bt = torch.tensor([s.blocks + [0] * (nb - len(s.blocks)) for s in st.decode], dtype=torch.long)
-            cl = torch.tensor([s.num_computed + 1 for s in st.decode], dtype=torch.long)
-        logit_rows = list(range(nd))
-        sampled = [(s, 1) for s in st.decode]
-        prefills = []
-        for seq, n in st.prefill:
-            t0 = len(ids)
-            p0 = seq.num_computed
-            ids.extend(seq.tokens[p0:p0 + n])
-            pos.extend(range(p0, p0 + n))
-            slots.extend(cache.slots(seq.blocks, p0, p0 + n))
-            prev = torch.tensor(cache.slots(seq.blocks, 0, p0), dtype=torch.long, device=dev) if p0 else None
-            prefills.append((t0, n, p0, prev))
-            if seq.draft:  # every position of the verified chunk predicts a token
-                logit_rows.extend(range(t0, t0 + n))
-                sampled.append((seq, n))
-            elif p0 + n == len(seq.tokens):
-                logit_rows.append(t0 + n - 1)
-                sampled.append((seq, 1))
-        b = StepBatch(ids=torch.tensor(ids, dtype=torch.long, device=dev),
-                      positions=torch.tensor(pos, dtype=torch.long, device=dev),
-                      slots=torch.tensor(slots, dtype=torch.long, device=dev), n_decode=nd,
-                      block_tables=bt.to(dev) if bt is not None else None,
-                      ctx_lens=cl.to(dev) if cl is not None else None, prefills=prefills,
-                      logit_rows=None if len(logit_rows) == len(ids) else torch.tensor(logit_rows, dtype=torch.long,
-                                                                                        device=dev))
-        return b, st.prefill, sampled
-
     def _propose(self) -> None:
         """Append a draft to every running sequence about to decode one token (n-gram lookup)."""
         for seq in self.scheduler.running:
@@ -309,7 +268,7 @@ class EngineCore:
             seq.emit("error", "request does not fit in the KV cache")
             return
         t_step = time.perf_counter()
-        b, prefill, sampled = self._build(st)
+        b, prefill, sampled = build_step(st, self.cache, self.device)
         if self._tuner is not None:
             self._tuner.before(int(b.ids.shape[0]))
         if self.graphs is not None and not st.prefill and self.graphs.can_run(b.n_decode):
@@ -344,66 +303,9 @@ class EngineCore:
                                 [s.generator for s in plain])
             for seq, tok in zip(plain, toks):
                 if seq.state is State.RUNNING:
-                    self._accept(seq, tok, now)
+                    self.output.accept(seq, tok, now)
             produced += len(plain)
         for seq, r0, rows in drafts:
-            produced += self._verify(seq, logits[r0:r0 + rows], now)
+            produced += self.output.verify(seq, logits[r0:r0 + rows], now)
         self._recent.append((now, produced))
         self.tokens_generated += produced
-
-    def _verify(self, seq: Sequence, logits: torch.Tensor, now: float) -> int:
-        """Keep the accepted part of a sequence's draft and the token after it; returns how many
-        tokens it produced. The cache holds K/V for every draft position; only those of accepted
-        tokens count as computed (the rest is overwritten by later steps)."""
-        draft = seq.draft
-        seq.drop_draft()
-        base = len(seq.tokens)  # the real tokens; K/V computed for all but the last one before this step
-        out = verify(logits, draft, seq.params, seq.tokens, seq.generator)
-        accepted = len(out) - 1 if out[:-1] == draft[:len(out) - 1] and len(out) - 1 <= len(draft) else 0
-        self.spec_proposed += len(draft)
-        self.spec_accepted += accepted
-        seq.num_computed = base + accepted
-        produced = 0
-        for tok in out:
-            if seq.state is not State.RUNNING:
-                break
-            self._accept(seq, tok, now)
-            produced += 1
-        if seq.state is State.RUNNING:
-            self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
-        return produced
-
-    def _accept(self, seq: Sequence, tok: int, now: float) -> None:
-        if seq.t_first is None:
-            seq.t_first = now
-        seq.n_generated += 1
-        if tok in self.tokenizer.stop_ids and not seq.ignore_eos:
-            self._finish(seq, "stop")
-            return
-        seq.tokens.append(tok)
-        if seq.want_tokens:
-            seq.emit("token", tok)
-        piece = seq.decoder.push(tok)
-        if piece:
-            out, stopped = seq.stopper.push(piece)
-            if out:
-                seq.emit("text", out)
-            if stopped:
-                self._finish(seq, "stop", flush=False)
-                return
-        if seq.n_generated >= seq.params.max_tokens or len(seq.tokens) >= self.max_model_len:
-            self._finish(seq, "length")
-
-    def _finish(self, seq: Sequence, reason: str, flush: bool = True) -> None:
-        if flush and seq.decoder is not None:
-            tail = seq.decoder.flush()
-            out, stopped = seq.stopper.push(tail) if tail else ("", False)
-            out += "" if stopped else seq.stopper.flush()
-            if out:
-                seq.emit("text", out)
-        seq.finish_reason = reason
-        self._seqs.pop(seq.id, None)
-        self.scheduler.free(seq)
-        seq.emit("done", {"finish_reason": reason, "prompt_tokens": len(seq.prompt_ids),
-                          "completion_tokens": seq.n_generated,
-                          "ttft_s": (seq.t_first - seq.t_submit) if seq.t_first else None})
