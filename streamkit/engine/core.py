@@ -6,7 +6,6 @@ sequence's `emit` callback (the async API turns that into loop.call_soon_threads
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -23,6 +22,7 @@ from streamkit.engine.native.model import MODES as NATIVE_MODES, NativeLlamaMode
 from streamkit.engine.sampler import make_generator, sample_batch
 from streamkit.engine.scheduler import Scheduler
 from streamkit.engine.batch import build_step
+from streamkit.engine.options import resolve_options
 from streamkit.engine.output import OutputProcessor
 from streamkit.engine.sequence import Sequence, State
 from streamkit.engine.speculative import propose_ngram
@@ -34,32 +34,21 @@ from streamkit.engine.wakeups import BatchedWakeups
 log = logging.getLogger("streamkit.engine")
 
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 class EngineCore:
-    def __init__(self, model_path: str, device: str = "cpu", weights: str | None = None,
-                 kv_cache_tokens: int | None = None, block_size: int = 16, max_num_seqs: int | None = None,
-                 max_batched_tokens: int | None = None, max_model_len: int | None = None,
-                 cuda_graphs: bool | None = None, attn_backend: str | None = None, threads: int | None = None,
-                 kv_dtype: str | None = None, prefix_caching: bool | None = None,
-                 speculative: str | None = None, spec_k: int | None = None):
+    def __init__(self, model_path: str, device: str = "cpu", **options) -> None:
+        """`options`: see engine/options.resolve_options (weights, kv_cache_tokens, max_num_seqs, ...)."""
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
-        threads = threads or _env_int("STREAMKIT_ENGINE_THREADS", 0)
-        if threads > 0:
-            torch.set_num_threads(threads)
+        self.options = opts = resolve_options(self.device, **options)
+        if opts.threads > 0:
+            torch.set_num_threads(opts.threads)
         self._tuner = None
-        if not cuda and threads <= 0 and torch.get_num_threads() > 1:
+        if not cuda and opts.threads <= 0 and torch.get_num_threads() > 1:
             from streamkit.engine.threads import ThreadTuner
 
             self._tuner = ThreadTuner(torch.get_num_threads())
         t0 = time.perf_counter()
-        mode = resolve_weights(weights, cuda)
+        mode = resolve_weights(opts.weights, cuda)
         native_mode = mode in NATIVE_MODES
         if native_mode and cuda:
             raise ValueError(f"weights={mode!r} runs on the CPU only")
@@ -73,35 +62,30 @@ class EngineCore:
             self.model = NativeLlamaModel(gm, mode)
             self.model.reuse_logits = True  # step() samples from the logits before the next forward
         else:
-            self.model = LlamaModel(gm, self.device, weights=mode, attn_backend=attn_backend)
+            self.model = LlamaModel(gm, self.device, weights=mode, attn_backend=opts.attn_backend)
         del gm
         cfg = self.config
-        self.max_model_len = min(max_model_len or (4096 if cuda else 2048), cfg.context_length)
+        self.max_model_len = min(opts.max_model_len, cfg.context_length)
         # kv_dtype="bf16" on CPU: 11-15 % faster steps at 16-64 streams (decode attention is bound by
         # gathering K/V) but greedy agreement with fp32 fell from 16/20 to 12/20 prompts: opt-in
-        kv_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(
-            kv_dtype or "", getattr(self.model, "kv_dtype", self.model.act_dtype))
+        kv_dtype = opts.kv_dtype or getattr(self.model, "kv_dtype", self.model.act_dtype)
         per_tok = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * torch.tensor([], dtype=kv_dtype).element_size()
-        if kv_cache_tokens is None:
-            kv_cache_tokens = _env_int("STREAMKIT_KV_TOKENS", 0) or None
+        kv_cache_tokens = opts.kv_cache_tokens
         if kv_cache_tokens is None:
             if cuda:
                 free, _total = torch.cuda.mem_get_info(self.device)
                 kv_cache_tokens = int(free * 0.5 / per_tok)
             else:
                 kv_cache_tokens = max(8192, min(65536, int(1.5e9 / per_tok)))
-        num_blocks = max(2, kv_cache_tokens // block_size + 1)
-        if prefix_caching is None:
-            prefix_caching = _env_int("STREAMKIT_PREFIX_CACHING", 1) != 0
-        self.cache = PagedKVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, num_blocks, block_size, kv_dtype,
-                                  self.device, prefix_caching=prefix_caching)
+        num_blocks = max(2, kv_cache_tokens // opts.block_size + 1)
+        self.cache = PagedKVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, num_blocks, opts.block_size, kv_dtype,
+                                  self.device, prefix_caching=opts.prefix_caching)
         self.model.kv_cache = self.cache
-        self.max_num_seqs = max_num_seqs or (256 if cuda else 64)
-        self.scheduler = Scheduler(self.cache, self.max_num_seqs,
-                                   max_batched_tokens or (2048 if cuda else 256), self.max_model_len)
+        self.max_num_seqs = opts.max_num_seqs
+        self.scheduler = Scheduler(self.cache, self.max_num_seqs, opts.max_batched_tokens, self.max_model_len)
         self.graphs = None
-        emulate = cuda_graphs == "emulate"  # CPU test mode for the graph runner's buffers/padding
-        if emulate or (cuda and (cuda_graphs if cuda_graphs is not None else True)):
+        emulate = opts.cuda_graphs == "emulate"  # CPU test mode for the graph runner's buffers/padding
+        if emulate or (cuda and opts.cuda_graphs):
             from streamkit.engine.cuda_graphs import CUDAGraphRunner
 
             # the torch fallback attention gathers max_blocks per row inside the graph: keep it small
@@ -110,10 +94,8 @@ class EngineCore:
                                           emulate=emulate)
             self.graphs.capture()
         # speculative decoding (speculative.py): "ngram" proposes up to spec_k tokens per step by prompt lookup
-        self.speculative = speculative if speculative is not None else (os.environ.get("STREAMKIT_SPECULATIVE") or None)
-        if self.speculative not in (None, "ngram"):
-            raise ValueError(f"speculative must be 'ngram' or None, got {self.speculative!r}")
-        self.spec_k = spec_k or _env_int("STREAMKIT_SPEC_K", 4)
+        self.speculative = opts.speculative
+        self.spec_k = opts.spec_k
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.delivery = BatchedWakeups()  # what the sequences' emit() posts to asyncio loops, flushed per step
         self._seqs: dict[int, Sequence] = {}
@@ -127,8 +109,8 @@ class EngineCore:
         self._recent: deque = deque(maxlen=256)
         self.load_seconds = time.perf_counter() - t0
         log.info("engine: ready on %s in %.1fs (weights %s, kv cache %d tokens = %.0f MB, block %d, cuda graphs %s)",
-                 self.device, self.load_seconds, self.model.weights, num_blocks * block_size,
-                 self.cache.bytes / 1e6, block_size, bool(self.graphs))
+                 self.device, self.load_seconds, self.model.weights, num_blocks * opts.block_size,
+                 self.cache.bytes / 1e6, opts.block_size, bool(self.graphs))
 
     # ---------------------------------------------------------------- threading
     def start(self) -> None:

@@ -1,0 +1,64 @@
+"""An engine's settings, resolved in one place: what the caller passed, else the environment
+(STREAMKIT_ENGINE_THREADS, STREAMKIT_KV_TOKENS, STREAMKIT_PREFIX_CACHING, STREAMKIT_SPECULATIVE,
+STREAMKIT_SPEC_K), else the device's default. The KV cache size left unset here is derived from
+the model and the free memory once the model is loaded (EngineCore)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    weights: str | None  # see linear.resolve_weights
+    threads: int  # 0: adaptive (ThreadTuner) on a CPU with several threads
+    kv_cache_tokens: int | None  # None: sized from memory at load
+    kv_dtype: torch.dtype | None  # None: the model's own
+    block_size: int
+    max_num_seqs: int
+    max_batched_tokens: int
+    max_model_len: int  # before the model's context length caps it
+    cuda_graphs: bool | str  # "emulate": the CPU test mode of the graph runner
+    attn_backend: str | None
+    prefix_caching: bool
+    speculative: str | None  # "ngram" or None
+    spec_k: int
+
+
+def resolve_options(device: torch.device, weights: str | None = None, kv_cache_tokens: int | None = None,
+                    block_size: int = 16, max_num_seqs: int | None = None, max_batched_tokens: int | None = None,
+                    max_model_len: int | None = None, cuda_graphs: bool | str | None = None,
+                    attn_backend: str | None = None, threads: int | None = None, kv_dtype: str | None = None,
+                    prefix_caching: bool | None = None, speculative: str | None = None,
+                    spec_k: int | None = None) -> EngineOptions:
+    cuda = device.type == "cuda"
+    speculative = speculative if speculative is not None else (os.environ.get("STREAMKIT_SPECULATIVE") or None)
+    if speculative not in (None, "ngram"):
+        raise ValueError(f"speculative must be 'ngram' or None, got {speculative!r}")
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if kv_dtype is not None and kv_dtype not in dtypes:
+        raise ValueError(f"kv_dtype must be one of {sorted(dtypes)}, got {kv_dtype!r}")
+    return EngineOptions(
+        weights=weights,
+        threads=threads or _env_int("STREAMKIT_ENGINE_THREADS", 0),
+        kv_cache_tokens=kv_cache_tokens or _env_int("STREAMKIT_KV_TOKENS", 0) or None,
+        kv_dtype=dtypes.get(kv_dtype or ""),
+        block_size=block_size,
+        max_num_seqs=max_num_seqs or (256 if cuda else 64),
+        max_batched_tokens=max_batched_tokens or (2048 if cuda else 256),
+        max_model_len=max_model_len or (4096 if cuda else 2048),
+        cuda_graphs=cuda_graphs if cuda_graphs is not None else cuda,
+        attn_backend=attn_backend,
+        prefix_caching=prefix_caching if prefix_caching is not None else _env_int("STREAMKIT_PREFIX_CACHING", 1) != 0,
+        speculative=speculative,
+        spec_k=spec_k or _env_int("STREAMKIT_SPEC_K", 4),
+    )
