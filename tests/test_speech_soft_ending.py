@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from speech import synthesize
+
 from streamkit.speech.vad import Segmenter
 from streamkit.speech.wer import normalize
 
@@ -76,10 +76,9 @@ async def test_websocket_final_keeps_the_soft_last_words(tmp_path, soft_ending):
     from streamkit.server.testing import running_server
 
     shutil.copy(ROOT / "pipelines" / "transcribe.yaml", tmp_path / "transcribe.yaml")
-    async with running_server(tmp_path) as server:
-        async with StreamClient(server.url) as c:
-            await c.start("transcribe")
-            result = await c.stream_audio(soft_ending, speed=1.0, chunk_s=0.02)
+    async with running_server(tmp_path) as server, StreamClient(server.url) as c:
+        await c.start("transcribe")
+        result = await c.stream_audio(soft_ending, speed=1.0, chunk_s=0.02)
     finals = [e for e in result.events if e.get("type") == "transcript" and e.get("final")]
     assert len(finals) == 1, finals
     assert normalize(finals[0]["text"]) == normalize(TEXT), finals[0]["text"]

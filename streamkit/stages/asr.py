@@ -110,7 +110,12 @@ class ASR(Stage):
         path = resolve_model_path(c.model)
         model = await shared_async(("whisper", path, c.cpu_threads, c.compute_type),
                                    lambda: load_whisper(path, c.cpu_threads, c.compute_type))
-        self.decoder = WindowDecoder(model, language=c.language, beam_size=c.beam_size,
+        # session param source_language (the start message's params) overrides the YAML's
+        self.language = str(self.context.params.get("source_language") or c.language)
+        if not model.model.is_multilingual and self.language != "en":
+            raise ValueError(f"ASR model {c.model or 'tiny.en'!r} is English-only and cannot transcribe "
+                             f"{self.language!r}; use model: base (multilingual Whisper)")
+        self.decoder = WindowDecoder(model, language=self.language, beam_size=c.beam_size,
                                      full_context=c.full_context)
         self.resampler = StreamResampler(RATE)
         self.utt: _Utterance | None = None
@@ -164,7 +169,7 @@ class ASR(Stage):
         if not text or text == utt.last_text or not self.config.partials:
             return []
         utt.last_text = text
-        return [TextFrame(text, final=False, language=self.config.language, start=utt.start,
+        return [TextFrame(text, final=False, language=self.language, start=utt.start,
                           end=words[-1].end, words=[Word(w.text.strip(), round(w.start, 3), round(w.end, 3),
                                                          round(w.probability, 3)) for w in words],
                           utterance=utt.index, pts=utt.end)]
@@ -223,7 +228,7 @@ class ASR(Stage):
         self.checkpoint()
         if not text:
             return []
-        return [TextFrame(text, final=True, language=self.config.language, start=utt.start,
+        return [TextFrame(text, final=True, language=self.language, start=utt.start,
                           end=round(max(words[-1].end, utt.start or 0.0), 3),
                           words=[Word(w.text.strip(), round(w.start, 3), round(w.end, 3), round(w.probability, 3))
                                  for w in words],
