@@ -191,3 +191,26 @@ async def test_tts_speaks_spanish_sentence_by_sentence_and_stops_on_interrupt():
     assert full_s > 6.0
     cut, _ = await _tts_run(text, interrupt=True)
     assert sum(f.duration for f in cut) < full_s / 2, "the interrupt dropped the rest of the text"
+
+
+async def test_dubbing_es_en_pipeline_on_real_spanish(tmp_path):
+    """The shipped dubbing_es_en pipeline: a real es_MX prompt in, a Spanish transcript, an English
+    translation and hibari's English speech out."""
+    from streamkit.client import StreamClient
+    from streamkit.server.testing import running_server
+
+    name = "agent-newlocation"
+    ref = _es_prompts([name])[name]
+    shutil.copy(ROOT / "pipelines" / "dubbing_es_en.yaml", tmp_path / "dubbing_es_en.yaml")
+    audio, rate = _wav(ES_SOUNDS / f"{name}.wav")
+    audio = np.concatenate([audio, np.zeros(rate, np.float32)])
+    async with running_server(tmp_path) as server:
+        async with StreamClient(server.url) as c:
+            await c.start("dubbing_es_en", sample_rate=rate)
+            result = await c.stream_audio(audio, speed=0)
+    assert not result.errors, result.errors
+    assert cer(ref, result.transcript) <= 0.15, (ref, result.transcript)
+    finals = [e for e in result.events if e.get("type") == "transcript" and e.get("final")]
+    assert finals and result.texts("translate").strip()
+    spoken = np.frombuffer(bytes(result.audio), np.int16).astype(np.float32) / 32768
+    assert len(spoken) / result.output_rate > 0.5 and np.sqrt(np.mean(spoken ** 2)) > 0.01

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from itertools import pairwise
 from pathlib import Path
+
+import numpy as np
 
 from streamkit.bench import print_result
 
@@ -23,12 +26,14 @@ def main(argv: list[str]) -> int:
 
 async def _run(args: argparse.Namespace) -> int:
     from streamkit.bench._speech import log, match_finals, percentile, run_paced
+    from streamkit.bench.dub_quality import chrf, intelligibility, load_references
     from streamkit.frames import AudioFrame, TextFrame
     from streamkit.pipeline import load_pipeline
     from streamkit.speech import corpus
 
     spec = load_pipeline(args.pipeline)
-    texts = corpus.sentences()[: args.sentences]
+    references = load_references()  # bench translate's English -> Spanish references, when present
+    texts = list(references)[: args.sentences] if references else corpus.sentences()[: args.sentences]
     log(f"bench dubbing: synthesising {len(texts)} sentences")
     audio, spans = corpus.speech_stream(texts, gap_s=args.gap)
 
@@ -52,7 +57,7 @@ async def _run(args: argparse.Namespace) -> int:
     finals = [(c, f) for c, f in out if isinstance(f, TextFrame) and f.final and f.source == asr_name]
     per = match_finals(finals, spans)
     first_audio, first_text, final_lat = [], [], []
-    translations = []
+    translations, starts = [], []
     for (start, voiced_end, _end), items in zip(spans, per):
         if not items:
             continue
@@ -63,6 +68,7 @@ async def _run(args: argparse.Namespace) -> int:
         text = " ".join(f.text for c, f in out if isinstance(f, TextFrame) and f.source == llm_name and f.final
                         and f.utterance in utts)
         translations.append(text)
+        starts.append(min(pieces) if pieces else None)
         if not pieces:
             continue
         first_text.append((min(pieces) - voiced_end) * 1000)
@@ -77,8 +83,23 @@ async def _run(args: argparse.Namespace) -> int:
         "first_text_ms_p50": round(percentile(first_text, 50), 1),
         "dubbed_utterances": len(first_audio),
     }
-    for t, tr in zip(texts, translations):
-        log(f"  {t}\n   -> {tr}")
+    tts_frames = [(c, f) for c, f in out if isinstance(f, AudioFrame) and f.source == tts_name]
+    bounds = [t for t in starts if t is not None] + [float("inf")]
+    dubbed = [np.concatenate([f.samples for c, f in tts_frames if a <= c < b] or [np.zeros(0, np.float32)])
+              for a, b in pairwise(bounds)]
+    spoken = [t for t, s0 in zip(translations, starts) if s0 is not None]
+    language = getattr(llm_cfg, "target_language", "es")
+    rate = spec.output_audio.sample_rate
+    log("bench dubbing: dubbed speech transcribed back by Whisper base")
+    quality = intelligibility(dubbed, spoken, rate, language)
+    result["dubbed_cer"] = quality["dubbed_cer"]
+    if references:
+        result["translation_chrf"] = round(chrf(translations, [references[t] for t in texts]), 2)
+    else:
+        result["translation_chrf"] = None
+        result["translation_chrf_note"] = "no tests/data/translate_en_es.tsv (bench translate's references)"
+    for t, tr, heard in zip(texts, translations, quality["dubbed_heard"]):
+        log(f"  {t}\n   -> {tr}\n   heard: {heard}")
     log(f"bench dubbing: first audio p50 {result['first_audio_ms_p50']} ms, p95 {result['first_audio_ms_p95']} ms "
         f"(asr final p50 {result['asr_final_ms_p50']} ms, first translated piece p50 {result['first_text_ms_p50']} ms)")
     print_result(result, args.json)

@@ -78,6 +78,7 @@ class Segmenter:
         speech_pad_ms: int = 160,
         max_speech_s: float = 60.0,
         model: Any | None = None,
+        lead_pad_ms: int | None = None,
     ) -> None:
         self.vad = SileroStream(model)
         self.threshold = threshold
@@ -85,6 +86,9 @@ class Segmenter:
         self.min_speech = int(min_speech_ms * RATE / 1000)
         self.min_silence = int(min_silence_ms * RATE / 1000)
         self.pad = int(speech_pad_ms * RATE / 1000)
+        # audio kept before speech is confirmed: Silero scores a soft onset ("p" and "s" of
+        # "Password" on a telephone line) low for a few hundred ms, and Whisper needs it
+        self.lead = self.pad if lead_pad_ms is None else int(lead_pad_ms * RATE / 1000)
         self.max_speech = int(max_speech_s * RATE)
         self._pending = np.zeros(0, np.float32)
         self.samples = 0  # samples consumed (window-aligned)
@@ -95,7 +99,7 @@ class Segmenter:
         self._trigger = 0
         self._candidate: list[np.ndarray] = []
         self._silence_at: int | None = None
-        self._tail: deque[tuple[int, np.ndarray]] = deque()  # (position, window): the segment's last `pad` samples
+        self._tail: deque[tuple[int, np.ndarray]] = deque()  # (position, window): the segment's last `lead` samples
         self._tail_len = 0
         self.probabilities: list[float] = []  # kept short; for debugging
         self.busy_s = 0.0
@@ -138,7 +142,7 @@ class Segmenter:
             else:
                 self._pre.append(w)
                 self._pre_len += WINDOW
-                while self._pre_len - len(self._pre[0]) >= self.pad:
+                while self._pre and self._pre_len - len(self._pre[0]) >= self.lead:
                     self._pre_len -= len(self._pre.popleft())
             return
         if self.state == "candidate":
@@ -169,7 +173,7 @@ class Segmenter:
     def _keep_tail(self, pos: int, w: np.ndarray) -> None:
         self._tail.append((pos, w))
         self._tail_len += len(w)
-        while self._tail and self._tail_len - len(self._tail[0][1]) >= self.pad:
+        while self._tail and self._tail_len - len(self._tail[0][1]) >= self.lead:
             self._tail_len -= len(self._tail.popleft()[1])
 
     def _maybe_confirm(self, p: float, events: list[tuple[str, Any]]) -> None:
@@ -182,7 +186,7 @@ class Segmenter:
 
     def _back_to_silence(self) -> None:
         self.state = "silence"
-        keep = np.concatenate(self._candidate)[-self.pad:] if self.pad else np.zeros(0, np.float32)
+        keep = np.concatenate(self._candidate)[-self.lead:] if self.lead else np.zeros(0, np.float32)
         self._pre = deque([keep]) if len(keep) else deque()
         self._pre_len = len(keep)
         self._candidate = []
@@ -193,7 +197,7 @@ class Segmenter:
         events.append(("end", {"start": self._seg_start / RATE, "end": end / RATE}))
         self.state = "silence"
         self._silence_at = None
-        # the quiet end of the segment (below neg_threshold, at most `pad`) is also the next
+        # the quiet end of the segment (below neg_threshold, at most `lead`) is also the next
         # segment's leading pad, so a word that starts right after an end keeps its onset
         self._pre = deque(w for at, w in self._tail if at >= silence_at)
         self._pre_len = sum(len(w) for w in self._pre)

@@ -1,0 +1,67 @@
+"""Quality of dubbed output for `streamkit bench dubbing`: the translation's chrF against reference
+translations, and the dubbed speech's intelligibility (transcribed back by multilingual Whisper
+base, character error rate against the text that was spoken)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+REFERENCES = Path(__file__).resolve().parents[2] / "tests" / "data" / "translate_en_es.tsv"
+
+
+def load_references(path: Path = REFERENCES) -> dict[str, str]:
+    """English -> reference Spanish from `bench translate`'s TSV; empty when it is absent."""
+    if not path.exists():
+        return {}
+    pairs = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#") or "\t" not in line:
+            continue
+        en, es = line.split("\t", 1)
+        pairs[en.strip()] = es.strip()
+    return pairs
+
+
+def chrf(hypotheses: list[str], references: list[str], n: int = 6, beta: float = 2.0) -> float:
+    """Corpus chrF (character n-grams up to 6, beta 2, spaces removed, as sacrebleu's default), 0-100."""
+    precision, recall = [], []
+    for order in range(1, n + 1):
+        match = hyp_total = ref_total = 0
+        for hyp, ref in zip(hypotheses, references):
+            h, r = hyp.replace(" ", ""), ref.replace(" ", "")
+            hg = Counter(h[i:i + order] for i in range(len(h) - order + 1))
+            rg = Counter(r[i:i + order] for i in range(len(r) - order + 1))
+            match += sum((hg & rg).values())
+            hyp_total += sum(hg.values())
+            ref_total += sum(rg.values())
+        if hyp_total and ref_total:
+            precision.append(match / hyp_total)
+            recall.append(match / ref_total)
+    if not precision:
+        return 0.0
+    p, r = sum(precision) / len(precision), sum(recall) / len(recall)
+    return 0.0 if p + r == 0 else 100 * (1 + beta ** 2) * p * r / (beta ** 2 * p + r)
+
+
+def intelligibility(utterance_audio: list[np.ndarray], spoken: list[str], rate: int, language: str) -> dict:
+    """Transcribe each utterance's dubbed audio with Whisper base; CER against the spoken text."""
+    from streamkit.audio import resample_array
+    from streamkit.speech.cer import cer, normalize_chars
+    from streamkit.speech.whisper import get_whisper
+
+    model = get_whisper("base")
+    errors = chars = 0.0
+    heard = []
+    for audio, text in zip(utterance_audio, spoken):
+        if not text.strip() or not len(audio):
+            continue
+        segments, _ = model.transcribe(resample_array(audio, rate, 16000), language=language, beam_size=5)
+        hyp = " ".join(s.text.strip() for s in segments)
+        heard.append(hyp)
+        n = len(normalize_chars(text))
+        errors += cer(text, hyp) * n
+        chars += n
+    return {"dubbed_cer": round(errors / chars, 4) if chars else None, "dubbed_heard": heard}
