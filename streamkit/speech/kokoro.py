@@ -135,7 +135,16 @@ class KokoroVoice:
             "style": ref,
             "speed": np.array([speed], dtype=np.float32),
         })[0]
-        return np.asarray(audio, np.float32).ravel()
+        return _trim(np.asarray(audio, np.float32).ravel())
+
+
+def _trim(audio: np.ndarray, lead_s: float = 0.03, tail_s: float = 0.1) -> np.ndarray:
+    """Cut the model's ~0.3 s of leading and ~0.4 s of trailing near-silence (keeping a little),
+    so a piece's speech starts with its first audio and streamed pieces follow each other closely."""
+    loud = np.nonzero(np.abs(audio) > 0.01)[0]
+    if not len(loud):
+        return audio
+    return audio[max(0, loud[0] - int(lead_s * KOKORO_RATE)): loud[-1] + int(tail_s * KOKORO_RATE)]
 
 
 def get_kokoro(style: str = DEFAULT_STYLE, language: str = "es", model: str | None = None) -> Any:
