@@ -55,12 +55,21 @@ def _delegate(module: str, argv: list[str]) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from streamkit.pipeline import PipelineError, load_pipeline
+    from streamkit.pipeline import (
+        PipelineError,
+        default_pipelines_dir,
+        find_pipeline,
+        load_pipeline,
+    )
 
     failed = 0
-    for path in args.files:
+    for path in args.files or sorted(default_pipelines_dir().glob("*.yaml")):
         try:
-            spec = load_pipeline(path)
+            spec = load_pipeline(find_pipeline(str(path)))
+        except FileNotFoundError as exc:
+            failed += 1
+            print(f"{path}: {exc}", file=sys.stderr)
+            continue
         except PipelineError as exc:
             failed += 1
             for issue in exc.issues:
@@ -99,9 +108,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.health:
+        from streamkit.liveness import (
+            ENGINE_ROLE,
+            alive_on_this_host,
+            stage_role,
+        )
+
+        role = ENGINE_ROLE if args.stage == "engine" else stage_role(args.stage)
+        try:
+            alive = alive_on_this_host(args.redis, role)
+        except Exception as exc:  # Redis unreachable
+            print(f"unhealthy: {exc}", file=sys.stderr)
+            return 1
+        print("healthy" if alive else f"unhealthy: no live {role} worker on this host", file=sys.stderr)
+        return 0 if alive else 1
     if args.stage == "engine":
-        return _delegate("streamkit.engine.worker", ["--redis", args.redis, *rest])
-    from streamkit.transport.redis_worker import run_stage_worker
+        return _delegate("streamkit.engine.service.worker", ["--redis", args.redis, *rest])
+    from streamkit.stage_worker import run_stage_worker
 
     asyncio.run(run_stage_worker(args.redis, args.stage, claim_idle_ms=args.claim_idle_ms,
                                  max_sessions=args.max_sessions))
@@ -119,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("validate", help="check pipeline YAML files; every problem with line and column")
-    v.add_argument("files", nargs="+")
+    v.add_argument("files", nargs="*", help="YAML paths or names of shipped pipelines (default: every shipped one)")
     _plugin_arg(v)
 
     r = sub.add_parser("run", help="run a pipeline offline on a media file")
@@ -139,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--redis", required=True, help="redis://host:port")
     w.add_argument("--claim-idle-ms", type=int, default=3000, help="take over sessions idle this long")
     w.add_argument("--max-sessions", type=int, default=64)
+    w.add_argument("--health", action="store_true",
+                   help="exit 0 when a worker of this stage on this host beats in Redis (a container health check)")
     _plugin_arg(w)
 
     b = sub.add_parser("bench", help="benchmarks against a peer measured in the same run", add_help=False)
@@ -152,13 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     setup_logging(args.verbose)
     if args.command == "serve":
-        return _delegate("streamkit.server.app", rest)
+        return _delegate("streamkit.server.serve_cli", rest)
     if args.command == "client":
         return _delegate("streamkit.client", rest)
     if args.command == "bench":
         return _delegate(f"streamkit.bench.{args.target}", rest)
     if getattr(args, "plugin", None):
-        from streamkit.stage import load_plugins
+        from streamkit.stages.catalog import load_plugins
 
         load_plugins(args.plugin)
     if args.command == "worker":

@@ -42,6 +42,15 @@ class Result:
     close_code: int | None = None
     close_reason: str = ""
     ended: bool = False
+    cut_short: bool = False  # the server closed or stopped reading before all input was sent (it shut down)
+
+    @property
+    def closed_normally(self) -> bool:
+        """The session ended with the server's end event or a clean close (1000, or 1001 when the
+        server shuts down after flushing), and no error event but the notice that a shutting-down
+        server ignores further input."""
+        return ((self.ended or self.close_code in (1000, 1001))
+                and all(e.get("code") == "stopping" for e in self.errors))
 
     @property
     def transcript(self) -> str:
@@ -180,6 +189,8 @@ class StreamClient:
                     r.first_output_s = self._elapsed_since_first(now)
                 elif kind == "end":
                     r.ended = True
+                elif kind == "error" and event.get("code") == "stopping":
+                    r.cut_short = True  # the server is shutting down and ignores the rest of the input
                 if self._on_event:
                     self._on_event(event)
         except ConnectionClosed:
@@ -209,32 +220,41 @@ class StreamClient:
     async def stream_audio(self, samples: np.ndarray, speed: float = 1.0, chunk_s: float = 0.1,
                            timeout: float = 300.0) -> Result:
         """Stream an array at the declared rate, paced, then stop and wait for the end."""
-        chunk = max(1, int(self.sample_rate * chunk_s))
-        started = time.monotonic()
-        for i in range(0, samples.shape[0], chunk):
-            piece = samples[i:i + chunk]
-            await self.send_audio(piece)
-            if speed > 0:
-                due = started + (i + piece.shape[0]) / self.sample_rate / speed
-                delay = due - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-        await self.stop()
+        async def send() -> None:
+            chunk = max(1, int(self.sample_rate * chunk_s))
+            started = time.monotonic()
+            for i in range(0, samples.shape[0], chunk):
+                piece = samples[i:i + chunk]
+                await self.send_audio(piece)
+                if speed > 0:
+                    due = started + (i + piece.shape[0]) / self.sample_rate / speed
+                    delay = due - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+
+        return await self._send_then_stop(send(), timeout)
+
+    async def _send_then_stop(self, sending: Any, timeout: float) -> Result:
+        """Run the sending coroutine, send stop, wait for the end. A server that closes first (it
+        is shutting down: it has flushed the session and said end) is no error: what it sent is
+        kept and `cut_short` says the input was not all sent."""
+        try:
+            await sending
+            await self.stop()
+        except ConnectionClosed:
+            self.result.cut_short = True
         return await self.wait_closed(timeout)
 
     async def stream_file(self, path: str, speed: float = 1.0, chunk_s: float = 0.1,
                           timeout: float = 300.0) -> Result:
         from streamkit.media import iter_audio, paced
 
-        frames = iter_audio(path, self.sample_rate, self.channels, chunk_s=chunk_s)
-        if speed > 0:
-            async for frame in paced(frames, speed):
+        async def send() -> None:
+            frames = iter_audio(path, self.sample_rate, self.channels, chunk_s=chunk_s)
+            async for frame in paced(frames, speed) if speed > 0 else _aiter(frames):
                 await self.send_audio(frame.samples)
-        else:
-            for frame in frames:
-                await self.send_audio(frame.samples)
-        await self.stop()
-        return await self.wait_closed(timeout)
+
+        return await self._send_then_stop(send(), timeout)
 
     async def stream_video_file(self, path: str, speed: float = 1.0, quality: int = 80,
                                 timeout: float = 300.0) -> Result:
@@ -242,14 +262,14 @@ class StreamClient:
 
         from streamkit.media import iter_video, paced
 
-        frames = iter_video(path)
-        source = paced(frames, speed) if speed > 0 else _aiter(frames)
-        async for frame in source:
-            ok, jpeg = cv2.imencode(".jpg", frame.image, [cv2.IMWRITE_JPEG_QUALITY, quality])
-            if ok:
-                await self.send_jpeg(jpeg.tobytes())
-        await self.stop()
-        return await self.wait_closed(timeout)
+        async def send() -> None:
+            frames = iter_video(path)
+            async for frame in paced(frames, speed) if speed > 0 else _aiter(frames):
+                ok, jpeg = cv2.imencode(".jpg", frame.image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+                if ok:
+                    await self.send_jpeg(jpeg.tobytes())
+
+        return await self._send_then_stop(send(), timeout)
 
 
 async def _aiter(items):
@@ -311,7 +331,7 @@ def main(argv: list[str]) -> int:
 
     try:
         result = asyncio.run(run())
-    except (OSError, RuntimeError, websockets.InvalidHandshake) as exc:
+    except (OSError, RuntimeError, websockets.InvalidHandshake, ConnectionClosed) as exc:
         print(f"streamkit client: {exc}", file=sys.stderr)
         return 1
     if args.save_audio and result.audio:
@@ -321,9 +341,13 @@ def main(argv: list[str]) -> int:
         write_wav(args.save_audio, pcm, result.output_rate)
     summary = {"type": "summary", "transcript": result.transcript, "audio_s": round(len(result.audio) / 2 / result.output_rate, 3),
                "first_audio_s": result.first_audio_s, "first_output_s": result.first_output_s,
-               "errors": len(result.errors), "close_code": result.close_code}
+               "errors": len(result.errors), "close_code": result.close_code, "ended": result.ended,
+               "cut_short": result.cut_short}
     print(json.dumps(summary) if args.json else f"done: {json.dumps(summary)}", flush=True)
-    return 0 if result.ended and not result.errors else 1
+    if result.cut_short:
+        print("streamkit client: the server closed the session before the whole file was sent "
+              f"({result.close_code} {result.close_reason or ''})".rstrip(), file=sys.stderr)
+    return 0 if result.closed_normally else 1
 
 
 if __name__ == "__main__":

@@ -111,6 +111,13 @@ class Word:
     probability: float = 1.0
 
 
+class TextRole(str, enum.Enum):
+    """What a TextFrame is: what was said (ASR), or text a stage wrote (LLM, descriptions)."""
+
+    TRANSCRIPT = "transcript"
+    GENERATED = "generated"
+
+
 @dataclass(eq=False)
 class TextFrame:
     """Text from ASR or an LLM. `final=False` frames are revisable partial hypotheses."""
@@ -124,6 +131,7 @@ class TextFrame:
     utterance: int | None = None
     pts: float = 0.0
     source: str = ""
+    role: TextRole = TextRole.GENERATED
     kind: ClassVar[str] = "text"
 
 
@@ -210,7 +218,7 @@ def encode_frame(frame: Frame) -> bytes:
         value = getattr(frame, f.name)
         if isinstance(value, np.ndarray):
             value = _pack_array(value)
-        elif isinstance(value, ControlKind):
+        elif isinstance(value, (ControlKind, TextRole)):
             value = value.value
         elif f.name == "words":
             value = [[w.text, w.start, w.end, w.probability] for w in value]
@@ -240,6 +248,8 @@ def decode_frame(data: bytes) -> Frame:
                 body[name] = _unpack_array(body[name], f"{kind}.{name}")
         if "words" in body:
             body["words"] = [Word(*w) for w in body["words"]]
+        if "role" in body:
+            body["role"] = TextRole(body["role"])
         return cls(**body)
     except FrameDecodeError:
         raise

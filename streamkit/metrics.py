@@ -29,7 +29,7 @@ class Counter:
         self._values: dict[Labels, float] = {}
         self._lock = threading.Lock()
 
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
+    def inc(self, amount: float = 1.0, /, **labels: str) -> None:
         key = _labels(labels)
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + amount

@@ -19,10 +19,18 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from streamkit.frames import AudioFrame, EventFrame, Frame, TextFrame, VideoFrame
+from streamkit.frames import (
+    AudioFrame,
+    EventFrame,
+    Frame,
+    TextFrame,
+    TextRole,
+    VideoFrame,
+)
 from streamkit.media import has_stream, iter_audio, iter_video, paced, write_wav
 from streamkit.pipeline import PipelineSpec
 from streamkit.runtime import Session
+from streamkit.stages.catalog import get_stage_class
 
 
 def input_frames(spec: PipelineSpec, source: str) -> Iterator[AudioFrame | VideoFrame]:
@@ -59,7 +67,7 @@ class ResultWriter:
     def __init__(self, spec: PipelineSpec, out_dir: Path) -> None:
         self.spec = spec
         self.out_dir = out_dir
-        self.types = {s.name: s.type for s in spec.stages}
+        self.expects_transcript = any(get_stage_class(s.type).emits_transcripts for s in spec.stages)
         self.transcript: list[dict[str, Any]] = []
         self.texts: dict[str, list[dict[str, Any]]] = {}
         self.audio: dict[str, tuple[int, list[np.ndarray]]] = {}
@@ -79,7 +87,7 @@ class ResultWriter:
             if not frame.final:
                 return
             item = {"text": frame.text, "start": frame.start, "end": frame.end, "utterance": frame.utterance}
-            if self.types.get(frame.source) == "asr":
+            if frame.role is TextRole.TRANSCRIPT:
                 item["words"] = [{"word": w.text, "start": w.start, "end": w.end, "probability": w.probability}
                                  for w in frame.words]
                 self.transcript.append(item)
@@ -115,7 +123,7 @@ class ResultWriter:
         writer.write(frame)
 
     def close(self) -> None:
-        if self.transcript or any(t == "asr" for t in self.types.values()):
+        if self.transcript or self.expects_transcript:
             (self.out_dir / "transcript.json").write_text(json.dumps(self.transcript, indent=2), encoding="utf-8")
             (self.out_dir / "transcript.srt").write_text(to_srt(self.transcript), encoding="utf-8")
             self.files["transcript.json"] = str(self.out_dir / "transcript.json")

@@ -19,8 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from streamkit.stage import StageConfig, get_stage_class, stage_types
-from streamkit.yamlpos import PositionedYaml, Position, YamlError, load_positioned
+from streamkit.shipped import shipped_dir
+from streamkit.stage import StageConfig
+from streamkit.stages.catalog import get_stage_class, stage_types
+from streamkit.yamlpos import Position, PositionedYaml, YamlError, load_positioned
 
 SOURCE = "input"  # the pseudo-stage that session input comes from
 
@@ -259,4 +261,4 @@ def find_pipeline(name_or_path: str, pipelines_dir: str | Path | None = None) ->
 
 
 def default_pipelines_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "pipelines"
+    return shipped_dir("pipelines")

@@ -23,8 +23,9 @@ from typing import Any, AsyncIterator
 from streamkit.frames import Control, ControlKind, EventFrame, Frame
 from streamkit.metrics import FRAMES_IN, FRAMES_OUT, STAGE_ERRORS, STAGE_LATENCY
 from streamkit.pipeline import PipelineSpec
-from streamkit.stage import Stage, StageContext, get_stage_class
-from streamkit.transport.base import Delivery, Inbox, Outbox
+from streamkit.stage import Stage, StageContext
+from streamkit.stages.catalog import build_stage
+from streamkit.transport.base import Delivery, Inbox, Outbox, Transport, Wiring
 
 log = logging.getLogger("streamkit.runtime")
 
@@ -255,7 +256,7 @@ class StageHost:
 class Session:
     """One running instance of a pipeline."""
 
-    def __init__(self, spec: PipelineSpec, wiring: "Wiring", session_id: str, params: dict[str, Any]) -> None:
+    def __init__(self, spec: PipelineSpec, wiring: Wiring, session_id: str, params: dict[str, Any]) -> None:
         self.spec = spec
         self.id = session_id
         self.params = params
@@ -271,7 +272,7 @@ class Session:
     async def open(
         cls,
         spec: PipelineSpec,
-        transport: "TransportLike",
+        transport: Transport,
         session_id: str | None = None,
         params: dict[str, Any] | None = None,
     ) -> "Session":
@@ -283,7 +284,7 @@ class Session:
         for cfg in spec.stages:
             if cfg.name not in wiring.local_stages:
                 continue
-            stage = get_stage_class(cfg.type)(cfg, context)
+            stage = build_stage(cfg, context)
             session.hosts[cfg.name] = make_host(spec, cfg.name, stage, wiring, transport.concurrent)
         for name, host in session.hosts.items():
             session._tasks.append(asyncio.create_task(host.run(), name=f"{session_id}:{name}"))
@@ -346,29 +347,6 @@ class Session:
                 t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.wiring.close()
-
-
-@dataclass
-class Wiring:
-    """How one session's stages connect, as a transport built it."""
-
-    source: list[Outbox]
-    inboxes: dict[str, Inbox]
-    edges: dict[tuple[str, str], Outbox]  # (from, to) -> outbox
-    sinks: dict[str, Outbox]  # stage -> its edge into the session output
-    sink: Inbox
-    local_stages: set[str]
-    closer: Any = None
-
-    async def close(self) -> None:
-        if self.closer is not None:
-            await self.closer()
-
-
-class TransportLike:  # the protocol Session.open needs
-    concurrent: bool
-
-    async def wire(self, spec: PipelineSpec, session_id: str, params: dict[str, Any]) -> Wiring: ...
 
 
 def make_host(spec: PipelineSpec, name: str, stage: Stage, wiring: Wiring, concurrent: bool) -> StageHost:

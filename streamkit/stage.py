@@ -18,10 +18,7 @@ by the runtime: EOS and FLUSH call `flush()`, INTERRUPT calls `interrupt()`; all
 
 from __future__ import annotations
 
-import importlib
 import logging
-import pkgutil
-import threading
 from typing import Any, AsyncIterator, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -76,6 +73,9 @@ class Stage:
     # lets frames the stage does not want pass it. Others handle every frame strictly in order,
     # which costs no extra tasks per frame and never cuts a frame's processing short.
     interruptible: ClassVar[bool] = False
+    # Its TextFrames are transcripts (role TRANSCRIPT): a run of a pipeline with such a stage
+    # writes a transcript file even when nothing was said.
+    emits_transcripts: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig, context: StageContext) -> None:
         self.config = config
@@ -122,9 +122,8 @@ class Stage:
         return hit
 
 
-_REGISTRY: dict[str, type[Stage]] = {}
-_discovered = False
-_lock = threading.Lock()
+# type name -> class, filled by @register_stage; looked up through streamkit.stages.catalog
+REGISTRY: dict[str, type[Stage]] = {}
 
 
 def register_stage(type_name: str) -> Callable[[type[Stage]], type[Stage]]:
@@ -132,47 +131,14 @@ def register_stage(type_name: str) -> Callable[[type[Stage]], type[Stage]]:
 
     Pipelines can only name registered types: YAML never names arbitrary Python objects. An
     operator adds their own stages by importing a module that registers them (see
-    `load_plugins`)."""
+    `streamkit.stages.catalog.load_plugins`)."""
 
     def decorate(cls: type[Stage]) -> type[Stage]:
-        existing = _REGISTRY.get(type_name)
+        existing = REGISTRY.get(type_name)
         if existing is not None and existing is not cls:
             raise ValueError(f"stage type {type_name!r} is already registered by {existing.__module__}")
         cls.type_name = type_name
-        _REGISTRY[type_name] = cls
+        REGISTRY[type_name] = cls
         return cls
 
     return decorate
-
-
-def _discover_builtin() -> None:
-    global _discovered
-    with _lock:
-        if _discovered:
-            return
-        import streamkit.stages as pkg
-
-        for info in pkgutil.iter_modules(pkg.__path__):
-            importlib.import_module(f"{pkg.__name__}.{info.name}")
-        _discovered = True
-
-
-def load_plugins(modules: list[str]) -> None:
-    """Import operator-named modules so their @register_stage classes become available."""
-    for module in modules:
-        importlib.import_module(module)
-
-
-def stage_types() -> dict[str, type[Stage]]:
-    _discover_builtin()
-    return dict(_REGISTRY)
-
-
-def get_stage_class(type_name: str) -> type[Stage]:
-    types = stage_types()
-    try:
-        return types[type_name]
-    except KeyError:
-        raise KeyError(
-            f"unknown stage type {type_name!r}; known types: {', '.join(sorted(types))}"
-        ) from None

@@ -15,7 +15,7 @@ from typing import Callable
 
 import redis
 
-from streamkit.transport.redis import work_key
+from streamkit.transport.redis_edges import work_key
 
 TESTS = Path(__file__).resolve().parent
 

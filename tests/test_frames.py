@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from streamkit.frames import (AudioFrame, Control, ControlKind, EventFrame, FrameDecodeError, TextFrame, VideoFrame,
-                              Word, decode_frame, encode_frame, frames_equal)
+from streamkit.frames import (AudioFrame, Control, ControlKind, EventFrame, FrameDecodeError, TextFrame, TextRole,
+                              VideoFrame, Word, decode_frame, encode_frame, frames_equal)
 
 rng = np.random.default_rng(7)
 
@@ -11,7 +11,8 @@ FRAMES = [
     AudioFrame(rng.uniform(-1, 1, (480, 2)).astype(np.float32), 48000, channels=2, pts=0.01),
     VideoFrame(rng.integers(0, 255, (72, 128, 3), dtype=np.uint8), pts=3.0333, index=91, source="cam"),
     TextFrame("hola, ¿qué tal? 你好", final=False, language="es", start=0.5, end=1.75, utterance=3, source="translate"),
-    TextFrame("the quick brown fox", words=[Word("the", 0.0, 0.2, 0.99), Word("quick", 0.2, 0.5, 0.8)], utterance=0),
+    TextFrame("the quick brown fox", words=[Word("the", 0.0, 0.2, 0.99), Word("quick", 0.2, 0.5, 0.8)], utterance=0,
+              role=TextRole.TRANSCRIPT),
     EventFrame("detections", {"pts": 1.0, "objects": [{"label": "face", "box": [1, 2, 30, 40], "score": 0.9}]}),
     EventFrame("speech_start", {}, pts=12.5, source="vad"),
     *[Control(kind) for kind in ControlKind],
@@ -71,3 +72,14 @@ def test_malformed_fields_are_decode_errors():
     object_array = msgpack.packb({"k": "video", "image": {"dtype": "|O", "shape": [1], "data": b"\x00" * 8}})
     with pytest.raises(FrameDecodeError):
         decode_frame(object_array)
+
+
+def test_text_role_travels_and_defaults_to_generated():
+    import msgpack
+
+    transcript = decode_frame(encode_frame(TextFrame("hello", role=TextRole.TRANSCRIPT)))
+    assert transcript.role is TextRole.TRANSCRIPT
+    # a frame written before roles existed reads as generated text
+    assert decode_frame(msgpack.packb({"k": "text", "text": "hola"})).role is TextRole.GENERATED
+    with pytest.raises(FrameDecodeError, match="malformed"):
+        decode_frame(msgpack.packb({"k": "text", "text": "x", "role": "poem"}))

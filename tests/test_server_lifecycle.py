@@ -35,7 +35,7 @@ def free_port() -> int:
 
 async def test_client_that_never_reads(pipelines):
     """Server memory stays bounded, the stalled client is closed, other sessions carry on."""
-    from streamkit.server.metrics import ERRORS
+    from streamkit.server.telemetry import ERRORS
 
     limits = Limits(send_timeout=1.5, out_queue=16, metrics_interval=0.2)
     before = ERRORS.value(code="slow_consumer")
@@ -184,3 +184,39 @@ async def test_sigterm_sends_final_transcript(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_cli_client_exits_0_when_the_server_stops_mid_file(pipelines, tmp_path):
+    """`docker compose stop` mid-session: the server flushes and closes (1001) while `streamkit
+    client` is still sending; the client prints what it received and exits 0, no traceback."""
+    from streamkit.media import write_wav
+
+    wav = tmp_path / "long.wav"
+    write_wav(wav, tone(6.0), 16000)
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamkit.cli", "serve", "--port", str(port), "--pipelines", str(pipelines),
+         "--plugin", "streamkit.server.testing"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    client = None
+    try:
+        await asyncio.to_thread(_wait_healthy, port, server)
+        client = subprocess.Popen(
+            [sys.executable, "-m", "streamkit.cli", "client", "meter", str(wav), "--url", f"ws://127.0.0.1:{port}/ws",
+             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+        await asyncio.sleep(2.5)  # a second or more of the 6 s file is sent at real-time pace
+        server.send_signal(signal.SIGTERM)
+        out, err = await asyncio.to_thread(client.communicate, timeout=30)
+        lines = [json.loads(line) for line in out.decode().splitlines()]
+        finals = [e for e in lines if e.get("type") == "text" and e.get("final")]
+        assert finals and finals[-1]["text"].startswith("heard "), lines  # flushed and printed
+        summary = lines[-1]
+        assert summary["type"] == "summary" and summary["ended"] and summary["cut_short"], summary
+        assert summary["close_code"] == 1001
+        assert b"Traceback" not in err, err.decode()
+        assert client.returncode == 0, err.decode()
+    finally:
+        for proc in (server, client):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-
-from streamkit.server.session import COALESCE, DROPPABLE, KEEP, OutQueue
+from streamkit.server.outqueue import OutQueue, SendPolicy
 
 
 async def drain(q: OutQueue) -> list:
@@ -29,12 +28,12 @@ async def test_keep_blocks_instead_of_dropping():
 
 async def test_partials_coalesce_in_place():
     q = OutQueue(maxsize=10)
-    await q.put("p1", COALESCE, ("partial", "asr"))
+    await q.put("p1", SendPolicy.COALESCE, ("partial", "asr"))
     await q.put("audio")
-    await q.put("p2", COALESCE, ("partial", "asr"))
-    await q.put("m1", COALESCE, "metrics")
+    await q.put("p2", SendPolicy.COALESCE, ("partial", "asr"))
+    await q.put("m1", SendPolicy.COALESCE, "metrics")
     await q.put("final")
-    await q.put("m2", COALESCE, "metrics")
+    await q.put("m2", SendPolicy.COALESCE, "metrics")
     assert await drain(q) == ["p2", "audio", "m2", "final"]
     assert q.coalesced == 2
 
@@ -42,8 +41,8 @@ async def test_partials_coalesce_in_place():
 async def test_detections_bounded_and_counted():
     q = OutQueue(maxsize=2, max_droppable=3)
     for i in range(10):
-        await q.put(f"d{i}", DROPPABLE, "detections")  # never blocks, even past maxsize
-    await q.put("final", KEEP)
+        await q.put(f"d{i}", SendPolicy.DROPPABLE, "detections")  # never blocks, even past maxsize
+    await q.put("final", SendPolicy.KEEP)
     assert await drain(q) == ["d7", "d8", "d9", "final"]
     assert q.dropped == 7
 

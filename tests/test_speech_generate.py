@@ -234,7 +234,7 @@ async def test_assistant_barge_in_cancels_answer(engine):
 async def test_llm_stage_over_remote_engine(redis_url, engine):
     import uuid
 
-    from streamkit.engine.worker import run_worker
+    from streamkit.engine.service.worker import run_worker
 
     prefix = f"speechtest:{uuid.uuid4().hex[:8]}"
     stop = asyncio.Event()

@@ -6,7 +6,6 @@ import pytest
 from streamkit.speech.agreement import HypothesisBuffer, TimedWord, join_words
 from streamkit.speech.synth import SentenceSplitter, packaged_voice
 from streamkit.speech.wer import corpus_wer, normalize, wer
-from streamkit.stages.capture import pcm_to_frame
 
 
 def words(text, start=0.0, step=0.3):
@@ -56,16 +55,6 @@ def test_sentence_splitter_cuts_first_clause_early():
     sp = SentenceSplitter(first_min_chars=20)
     assert sp.feed("Well, the weather today is lovely, and ") == ["Well, the weather today is lovely,"]
     assert sp.feed("tomorrow it rains") == []  # later pieces wait for a sentence end
-
-
-def test_pcm_to_frame():
-    pcm = (np.array([0, 16384, -16384, 32767], "<i2")).tobytes()
-    f = pcm_to_frame(pcm, 16000)
-    assert f.sample_rate == 16000 and np.allclose(f.samples, [0, 0.5, -0.5, 32767 / 32768])
-    st = pcm_to_frame(np.zeros(8, "<f4").tobytes(), 48000, channels=2, fmt="f32le")
-    assert st.samples.shape == (4, 2)
-    with pytest.raises(ValueError):
-        pcm_to_frame(b"\x00\x01\x02", 16000)
 
 
 def test_voice_names():

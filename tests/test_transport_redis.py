@@ -1,18 +1,25 @@
 """The Redis Streams transport against a real redis-server."""
 
 
+import flaky_stages  # noqa: F401  (registers test_flaky_partials here too)
 import numpy as np
 import pytest
-
 from audio_pipelines import RESAMPLE_GAIN, expected_resample_gain, make_flac
-import flaky_stages  # noqa: F401  (registers test_flaky_partials here too)
-from faults import kill_owner_during, redis_fault_during, start_workers, stop_workers, survivor_log
+from faults import (
+    kill_owner_during,
+    redis_fault_during,
+    start_workers,
+    stop_workers,
+    survivor_log,
+)
 from sessions import run_pipeline
+
 from streamkit.frames import AudioFrame, EventFrame, TextFrame, frames_equal
 from streamkit.media import iter_audio
 from streamkit.pipeline import parse_pipeline
 from streamkit.transport import MemoryTransport
-from streamkit.transport.redis import RedisTransport, edge_key
+from streamkit.transport.redis import RedisTransport
+from streamkit.transport.redis_edges import edge_key
 
 pytestmark = pytest.mark.redis
 
@@ -111,7 +118,13 @@ async def test_takeover_keeps_finals_exactly_once_when_partials_vary(tmp_path, o
 
 async def test_undecodable_entry_is_skipped_without_moving_the_checkpoint(own_redis):
     from streamkit.frames import encode_frame
-    from streamkit.transport.redis import GROUP, RedisInbox, SessionState, ckpt_key, ensure_group
+    from streamkit.transport.redis_edges import (
+        GROUP,
+        RedisInbox,
+        SessionState,
+        ckpt_key,
+        ensure_group,
+    )
 
     transport = RedisTransport(own_redis.url)
     r = transport.redis

@@ -17,11 +17,11 @@ from streamkit.frames import EventFrame, VideoFrame
 from streamkit.media import iter_video
 from streamkit.pipeline import load_pipeline, parse_pipeline
 from streamkit.runtime import Session
-from streamkit.stages.video import FaceOptions
+from streamkit.video.detect_options import FaceOptions
 from streamkit.transport import MemoryTransport
 from streamkit.video.detectors import HaarFaceDetector, HogPeopleDetector, MotionDetector, detect_all
 from streamkit.video.scene import FixedRateSampler, SceneSampler
-from streamkit.video.synth import face_image_path, make_clip
+from streamkit.video.synthetic import face_image_path, make_clip
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipelines" / "video_analysis.yaml"
 
@@ -172,7 +172,7 @@ def _onnx_model(path, num_classes=2, size=64):
 
 
 def test_onnx_detector_by_path_maps_boxes_to_source(tmp_path):
-    from streamkit.video.detectors import OnnxDetector
+    from streamkit.video.onnx_detector import OnnxDetector
 
     path = _onnx_model(tmp_path / "tiny.onnx")
     det = OnnxDetector(str(path), labels=["cat", "dog"])
@@ -328,7 +328,7 @@ def test_detect_config_errors_are_reported():
 
 
 def test_merge_rects_and_dedupe():
-    from streamkit.video.detectors import dedupe, merge_rects
+    from streamkit.video.geometry import dedupe, merge_rects
 
     # overlapping, and merging costs no more than searching apart: one box
     assert merge_rects([(0, 0, 100, 100), (50, 0, 150, 100)]) == [(0, 0, 150, 100)]
@@ -363,7 +363,7 @@ def _moving_face_frames(n=12, enter_at=4):
     `enter_at`, a second face sliding in from the right edge."""
     import cv2
 
-    from streamkit.video.synth import face_image
+    from streamkit.video.synthetic import face_image
 
     rng = np.random.default_rng(1)
     bg = cv2.resize(rng.integers(40, 200, (23, 40, 3), dtype=np.uint8), (640, 360), interpolation=cv2.INTER_CUBIC)
@@ -388,7 +388,8 @@ def test_region_tracking_keeps_face_recall():
     """Whole-frame search only on the first frame: the still face is followed in its region,
     the face that slides in is found in the motion region, exactly as whole-frame search
     finds them on every frame."""
-    from streamkit.video.detectors import Pyramid, RegionTracker
+    from streamkit.video.detectors import RegionTracker
+    from streamkit.video.geometry import Pyramid
 
     frames, truth = _moving_face_frames()
     whole = HaarFaceDetector(width=640)
@@ -424,8 +425,9 @@ def test_held_face_is_searched_again_once_it_moves():
     where it went, and never at the place it left."""
     import cv2
 
-    from streamkit.video.detectors import Pyramid, RegionTracker
-    from streamkit.video.synth import face_image
+    from streamkit.video.detectors import RegionTracker
+    from streamkit.video.geometry import Pyramid
+    from streamkit.video.synthetic import face_image
 
     rng = np.random.default_rng(2)
     bg = cv2.resize(rng.integers(40, 200, (23, 40, 3), dtype=np.uint8), (640, 360), interpolation=cv2.INTER_CUBIC)

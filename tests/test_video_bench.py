@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from streamkit.bench.video import main
-from streamkit.video.synth import make_clip
+from streamkit.video.synthetic import make_clip
 
 
 def test_bench_video_json(tmp_path, capsys):

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from streamkit.frames import EventFrame, TextFrame
-from streamkit.stages.video import first_sentence, summarize
+from streamkit.video.describe_text import first_sentence, summarize
 
 
 def _events(seconds=12.0, fps=5.0):

@@ -12,7 +12,7 @@ from streamkit.frames import VideoFrame
 from streamkit.video.capture import VideoSource, is_live_source, resolve_policy
 from streamkit.video.encode import Mp4Writer
 from streamkit.video.jpeg import JpegError, decode_jpeg, encode_jpeg, jpeg_size
-from streamkit.video.synth import make_clip
+from streamkit.video.synthetic import make_clip
 
 
 def _image(w=160, h=120):

@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 from itertools import pairwise
-from pathlib import Path
 
 import numpy as np
 
 from streamkit.bench import print_result
+from streamkit.shipped import shipped_dir
 
 
 def main(argv: list[str]) -> int:
@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
     ap.add_argument("--sentences", type=int, default=8, help="how many of the fixed sentences")
     ap.add_argument("--gap", type=float, default=2.5, help="silence between sentences (s)")
-    ap.add_argument("--pipeline", default=str(Path(__file__).resolve().parents[2] / "pipelines" / "dubbing.yaml"))
+    ap.add_argument("--pipeline", default=str(shipped_dir("pipelines") / "dubbing.yaml"))
     args = ap.parse_args(argv)
     return asyncio.run(_run(args))
 

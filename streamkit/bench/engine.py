@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 H200_BW = 4.8e12
@@ -220,26 +221,48 @@ def peer_main(spec_path: str) -> int:
 
 
 def llamacpp_main(spec_path: str) -> int:
-    """Optional second peer, in a process of its own: llama.cpp on the same Q4_1 file, batch 1."""
+    """The CPU peer, in a process of its own: llama.cpp (the xllamacpp wheel, its server with
+    parallel slots) on the same GGUF: one stream, then 16 concurrent requests, greedy, EOS ignored."""
     spec = json.load(open(spec_path))
     try:
-        from llama_cpp import Llama  # type: ignore
+        import xllamacpp as xlc  # type: ignore
     except ImportError:
-        print(json.dumps({}))
+        print(json.dumps({"llamacpp_error": "xllamacpp is not installed (pip install 'streamkit[bench]')"}))
         return 0
-    dev = spec.get("device", "cpu")
-    llm = Llama(model_path=spec["model_path"], n_ctx=1024, n_threads=os.cpu_count(), verbose=False,
-                n_gpu_layers=-1 if dev.startswith("cuda") else 0)
-    n = spec["n_tokens"]
-    llm.reset()
-    llm.eval(spec["prompt_ids"][0])
+    n, prompts = spec["n_tokens"], spec["prompt_ids"]
+    p = xlc.CommonParams()
+    p.model.path = spec["model_path"]
+    p.n_parallel = 16
+    p.n_ctx = 16 * (max(len(x) for x in prompts) + n + 16)  # split between the slots
+    p.cpuparams.n_threads = p.cpuparams_batch.n_threads = os.cpu_count() or 1
+    server = xlc.Server(p)
+
+    def complete(ids: list[int]) -> dict:
+        out: dict = {}
+
+        def collect(chunk):
+            d = json.loads(chunk) if isinstance(chunk, str) else chunk
+            if isinstance(d, dict):
+                out.update(d)
+
+        server.handle_completions({"prompt": ids, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
+                                   "cache_prompt": False}, collect)
+        return out
+
+    complete(prompts[0])  # warm-up
+    rates = [complete(ids).get("timings", {}).get("predicted_per_second", 0.0) for ids in prompts[:5]]
+    b1 = round(statistics.median(rates), 2)
+    print(f"[bench engine] llama.cpp b1: {b1} tok/s (decode, median of {len(rates)})", file=sys.stderr, flush=True)
+    batch = [prompts[i % len(prompts)] for i in range(16)]
     t0 = time.perf_counter()
-    for _ in range(n):
-        tok = llm.sample(temp=0.0)
-        llm.eval([tok])
-    tps = round(n / (time.perf_counter() - t0), 2)
-    print(f"[bench engine] llama.cpp b1: {tps} tok/s", file=sys.stderr, flush=True)
-    print(json.dumps({"llamacpp_b1_tps": tps}))
+    threads = [threading.Thread(target=complete, args=(ids,)) for ids in batch]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    c16 = round(16 * n / (time.perf_counter() - t0), 2)  # prompts included, as for ours
+    print(f"[bench engine] llama.cpp 16 streams: {c16} tok/s", file=sys.stderr, flush=True)
+    print(json.dumps({"llamacpp_b1_tps": b1, "llamacpp_c16_tps": c16, "llamacpp_build": "xllamacpp"}))
     return 0
 
 
@@ -249,8 +272,9 @@ def run_peer(spec: dict, timeout: float, flag: str = "--peer-spec", name: str = 
         json.dump(spec, f)
         path = f.name
     try:
-        p = subprocess.run([sys.executable, "-m", "streamkit.bench.engine", flag, path],
-                           stdout=subprocess.PIPE, stderr=None, text=True, timeout=timeout)
+        # llama.cpp logs every slot event to stderr: keep it out of the bench's own progress lines
+        p = subprocess.run([sys.executable, "-m", "streamkit.bench.engine", flag, path], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL if name == "llamacpp" else None, text=True, timeout=timeout)
         lines = [line for line in p.stdout.strip().splitlines() if line.startswith("{")]
         return json.loads(lines[-1]) if lines else {f"{name}_error": f"exit {p.returncode}"}
     except subprocess.TimeoutExpired:
@@ -367,11 +391,15 @@ def main(argv: list[str] | None = None) -> int:
         peer = run_peer(spec, timeout=3000)
         peer_greedy = peer.pop("peer_greedy", None)
         res.update(peer)
-        if importlib.util.find_spec("llama_cpp") is not None:
-            log("peer: llama.cpp (subprocess) ...")
-            res.update(run_peer(spec, timeout=600, flag="--llamacpp-spec", name="llamacpp"))
+        if importlib.util.find_spec("xllamacpp") is not None and device == "cpu":
+            log("peer: llama.cpp (xllamacpp, subprocess) ...")
+            res.update(run_peer(spec, timeout=900, flag="--llamacpp-spec", name="llamacpp"))
             if res.get("llamacpp_b1_tps"):
                 res["ratio_llamacpp_b1"] = round(res["ours_b1_tps"] / res["llamacpp_b1_tps"], 2)
+            if res.get("llamacpp_c16_tps") and "ours_c16_tps" in res:
+                res["ratio_llamacpp_c16"] = round(res["ours_c16_tps"] / res["llamacpp_c16_tps"], 2)
+        else:
+            res["llamacpp_error"] = "xllamacpp is not installed (pip install 'streamkit[bench]')"
         if peer_greedy is not None:
             for key, mine in ours_greedy.items():
                 match = [o == p for o, p in zip(mine, peer_greedy)]

@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from streamkit.bench import print_result
+from streamkit.shipped import shipped_dir
 
 
 def log(msg: str) -> None:
@@ -44,7 +45,7 @@ def log(msg: str) -> None:
 
 
 def make_bench_clip(width: int, height: int, fps: float, seconds: float) -> Path:
-    from streamkit.video.synth import make_clip
+    from streamkit.video.synthetic import make_clip
 
     cache = Path(os.environ.get("STREAMKIT_CACHE", Path(tempfile.gettempdir()) / "streamkit-cache"))
     cache.mkdir(parents=True, exist_ok=True)
@@ -158,7 +159,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--fps", type=float, default=30.0, help="frame rate of the synthetic clip")
-    parser.add_argument("--pipeline", default=str(Path(__file__).resolve().parents[2] / "pipelines" / "video_analysis.yaml"))
+    parser.add_argument("--pipeline", default=str(shipped_dir("pipelines") / "video_analysis.yaml"))
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved decode-only and pipeline runs; each side is the median of its rounds")
     parser.add_argument("--no-live", action="store_true", help="skip the real-time (live camera) run")

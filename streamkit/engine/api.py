@@ -169,4 +169,13 @@ def get_engine(model_path: str | None = None, device: str | None = None, **optio
         if eng is None:
             eng = Engine(path, dev, **options)
             _engines[key] = eng
+        elif options and options != eng.options:
+            raise ValueError(f"the engine for {os.path.basename(path)} on {dev} already runs with options "
+                             f"{eng.options}; asked for {options}: one engine per model and device")
         return eng
+
+
+def loaded_engines() -> list[Engine]:
+    """The process-wide engines whose model is loaded (for /healthz and /metrics)."""
+    with _engines_lock:
+        return [e for e in _engines.values() if e.loaded]

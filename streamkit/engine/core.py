@@ -23,10 +23,11 @@ from streamkit.engine.native.model import MODES as NATIVE_MODES, NativeLlamaMode
 from streamkit.engine.sampler import make_generator, sample_batch
 from streamkit.engine.scheduler import ScheduledStep, Scheduler
 from streamkit.engine.sequence import Sequence, State
+from streamkit.engine.speculative import propose_ngram, verify
 from streamkit.engine.stop import StopChecker
 from streamkit.engine.tokenizer import IncrementalDecoder, Tokenizer
 from streamkit.engine.chat_template import ChatTemplate
-from streamkit.engine.delivery import Delivery
+from streamkit.engine.wakeups import BatchedWakeups
 
 log = logging.getLogger("streamkit.engine")
 
@@ -43,7 +44,8 @@ class EngineCore:
                  kv_cache_tokens: int | None = None, block_size: int = 16, max_num_seqs: int | None = None,
                  max_batched_tokens: int | None = None, max_model_len: int | None = None,
                  cuda_graphs: bool | None = None, attn_backend: str | None = None, threads: int | None = None,
-                 kv_dtype: str | None = None, prefix_caching: bool | None = None):
+                 kv_dtype: str | None = None, prefix_caching: bool | None = None,
+                 speculative: str | None = None, spec_k: int | None = None):
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
         threads = threads or _env_int("STREAMKIT_ENGINE_THREADS", 0)
@@ -105,8 +107,15 @@ class EngineCore:
             self.graphs = CUDAGraphRunner(self.model, gmax, self.cache.blocks_needed(self.max_model_len),
                                           emulate=emulate)
             self.graphs.capture()
+        # speculative decoding (speculative.py): "ngram" proposes up to spec_k tokens per step by prompt lookup
+        self.speculative = speculative if speculative is not None else (os.environ.get("STREAMKIT_SPECULATIVE") or None)
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(f"speculative must be 'ngram' or None, got {self.speculative!r}")
+        self.spec_k = spec_k or _env_int("STREAMKIT_SPEC_K", 4)
+        self.spec_proposed = 0
+        self.spec_accepted = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.delivery = Delivery()  # what the sequences' emit() posts to asyncio loops, flushed per step
+        self.delivery = BatchedWakeups()  # what the sequences' emit() posts to asyncio loops, flushed per step
         self._seqs: dict[int, Sequence] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -163,6 +172,9 @@ class EngineCore:
             "kv_blocks_cached": self.cache.allocator.num_cached,
             "prefix_cache_hit_tokens": self.scheduler.prefix_hit_tokens,
             "preemptions": self.scheduler.preemptions,
+            "spec_proposed_tokens": self.spec_proposed,
+            "spec_accepted_tokens": self.spec_accepted,
+            "spec_acceptance": round(self.spec_accepted / self.spec_proposed, 4) if self.spec_proposed else None,
             "kv_blocks_total": self.cache.num_blocks - 1,
             "device": str(self.device),
             "weights": self.model.weights,
@@ -225,7 +237,9 @@ class EngineCore:
                 self.delivery.flush()
 
     # ---------------------------------------------------------------- one step
-    def _build(self, st: ScheduledStep) -> tuple[StepBatch, list[tuple[Sequence, int]], list[Sequence]]:
+    def _build(self, st: ScheduledStep) -> tuple[StepBatch, list[tuple[Sequence, int]], list[tuple[Sequence, int]]]:
+        """The step's batch, its prefill chunks, and (sequence, logit rows) for every sequence that
+        samples this step: one row, or 1 + its draft's length for a draft being verified."""
         cache, bs = self.cache, self.cache.block_size
         ids, pos, slots = [], [], []
         for seq in st.decode:
@@ -241,7 +255,7 @@ class EngineCore:
             bt = torch.tensor([s.blocks + [0] * (nb - len(s.blocks)) for s in st.decode], dtype=torch.long)
             cl = torch.tensor([s.num_computed + 1 for s in st.decode], dtype=torch.long)
         logit_rows = list(range(nd))
-        sampled = list(st.decode)
+        sampled = [(s, 1) for s in st.decode]
         prefills = []
         for seq, n in st.prefill:
             t0 = len(ids)
@@ -251,9 +265,12 @@ class EngineCore:
             slots.extend(cache.slots(seq.blocks, p0, p0 + n))
             prev = torch.tensor(cache.slots(seq.blocks, 0, p0), dtype=torch.long, device=dev) if p0 else None
             prefills.append((t0, n, p0, prev))
-            if p0 + n == len(seq.tokens):
+            if seq.draft:  # every position of the verified chunk predicts a token
+                logit_rows.extend(range(t0, t0 + n))
+                sampled.append((seq, n))
+            elif p0 + n == len(seq.tokens):
                 logit_rows.append(t0 + n - 1)
-                sampled.append(seq)
+                sampled.append((seq, 1))
         b = StepBatch(ids=torch.tensor(ids, dtype=torch.long, device=dev),
                       positions=torch.tensor(pos, dtype=torch.long, device=dev),
                       slots=torch.tensor(slots, dtype=torch.long, device=dev), n_decode=nd,
@@ -263,7 +280,21 @@ class EngineCore:
                                                                                         device=dev))
         return b, st.prefill, sampled
 
+    def _propose(self) -> None:
+        """Append a draft to every running sequence about to decode one token (n-gram lookup)."""
+        for seq in self.scheduler.running:
+            if seq.n_uncomputed != 1 or seq.draft:
+                continue
+            room = min(self.spec_k, seq.params.max_tokens - seq.n_generated - 1,
+                       self.max_model_len - len(seq.tokens) - 1)
+            draft = propose_ngram(seq.tokens, room) if room > 0 else []
+            if draft:
+                seq.draft = draft
+                seq.tokens.extend(draft)
+
     def step(self) -> None:
+        if self.speculative:
+            self._propose()
         st = self.scheduler.schedule()
         if st.empty:
             # nothing can make progress: the pool is too small for what is held; drop one request
@@ -292,20 +323,55 @@ class EngineCore:
             self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
         for seq, n in prefill:
             seq.num_computed += n
-            self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
+            if not seq.draft:  # a draft's blocks are registered once it is verified
+                self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
         self.steps += 1
         self.last_batch_size = len(st.decode) + len(st.prefill)
         if not sampled:
             return
-        toks = sample_batch(logits, [s.params for s in sampled], [s.tokens for s in sampled],
-                            [s.generator for s in sampled])
         now = time.perf_counter()
-        self._recent.append((now, len(sampled)))
-        self.tokens_generated += len(sampled)
-        for seq, tok in zip(sampled, toks):
+        plain = [seq for seq, rows in sampled if not seq.draft]
+        row = 0
+        plain_rows, drafts = [], []
+        for seq, rows in sampled:
+            (drafts if seq.draft else plain_rows).append((seq, row, rows))
+            row += rows
+        produced = 0
+        if plain:
+            idx = [r for _, r, _ in plain_rows]
+            rows_logits = logits if len(idx) == logits.shape[0] else logits[torch.tensor(idx, device=logits.device)]
+            toks = sample_batch(rows_logits, [s.params for s in plain], [s.tokens for s in plain],
+                                [s.generator for s in plain])
+            for seq, tok in zip(plain, toks):
+                if seq.state is State.RUNNING:
+                    self._accept(seq, tok, now)
+            produced += len(plain)
+        for seq, r0, rows in drafts:
+            produced += self._verify(seq, logits[r0:r0 + rows], now)
+        self._recent.append((now, produced))
+        self.tokens_generated += produced
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor, now: float) -> int:
+        """Keep the accepted part of a sequence's draft and the token after it; returns how many
+        tokens it produced. The cache holds K/V for every draft position; only those of accepted
+        tokens count as computed (the rest is overwritten by later steps)."""
+        draft = seq.draft
+        seq.drop_draft()
+        base = len(seq.tokens)  # the real tokens; K/V computed for all but the last one before this step
+        out = verify(logits, draft, seq.params, seq.tokens, seq.generator)
+        accepted = len(out) - 1 if out[:-1] == draft[:len(out) - 1] and len(out) - 1 <= len(draft) else 0
+        self.spec_proposed += len(draft)
+        self.spec_accepted += accepted
+        seq.num_computed = base + accepted
+        produced = 0
+        for tok in out:
             if seq.state is not State.RUNNING:
-                continue
+                break
             self._accept(seq, tok, now)
+            produced += 1
+        if seq.state is State.RUNNING:
+            self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
+        return produced
 
     def _accept(self, seq: Sequence, tok: int, now: float) -> None:
         if seq.t_first is None:

@@ -170,3 +170,39 @@ class Linear:
         if m == "int8" or (m == "int8+bf16" and x.shape[0] <= INT8_MAX_ROWS):
             return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.w8, self.s8).to(x.dtype)
         return F.linear(x.to(torch.bfloat16), self.w).to(x.dtype)
+
+
+class LogitHead:
+    """The LM head, whose output is always float32.
+
+    Logits decide every token. A bf16 output keeps 8 significant bits (values near 25 are 0.125
+    apart), which turns near-ties into exact ties that argmax then breaks by token id: on a CPU
+    without AMX the torch fallback answered "What is the capital of France?" with "L'Étoile..."
+    because "The" (25.33) and "L" (25.24) both rounded to 25.25. On the CPU the head runs in fp32
+    (sgemm measured as fast as the int8 and bf16 kernels at 1-64 rows); on CUDA its bf16 weights
+    multiply with an fp32 output where torch has `mm(out_dtype=)`, fp32 weights otherwise."""
+
+    __slots__ = ("out_dtype_mm", "w")
+
+    def __init__(self, w: torch.Tensor, device, act_dtype: torch.dtype):
+        dev = torch.device(device)
+        self.out_dtype_mm = False
+        if dev.type == "cuda" and act_dtype == torch.bfloat16:
+            wb = w.to(device=dev, dtype=torch.bfloat16).contiguous()
+            try:
+                torch.mm(torch.zeros(1, wb.shape[1], device=dev, dtype=torch.bfloat16), wb[:8].t(),
+                         out_dtype=torch.float32)
+                self.w, self.out_dtype_mm = wb, True
+                return
+            except (RuntimeError, TypeError, NotImplementedError):
+                pass
+        self.w = w.to(device=dev, dtype=torch.float32).contiguous()
+
+    @property
+    def nbytes_read(self) -> int:
+        return self.w.numel() * self.w.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.out_dtype_mm:
+            return torch.mm(x.to(torch.bfloat16), self.w.t(), out_dtype=torch.float32)
+        return F.linear(x.float(), self.w)

@@ -15,9 +15,15 @@ import torch.nn.functional as F
 
 from streamkit.engine.config import LlamaConfig
 from streamkit.engine.gguf_loader import GGUFModel
-from streamkit.engine.linear import Linear
-from streamkit.engine.paged_attention import (HAVE_TRITON, decode_attention_hm, decode_attention_triton,
-                                              decode_plan, default_scale, prefill_attention)
+from streamkit.engine.linear import Linear, LogitHead, resolve_weights
+from streamkit.engine.paged_attention import (
+    HAVE_TRITON,
+    decode_attention_hm,
+    decode_attention_triton,
+    decode_plan,
+    default_scale,
+    prefill_attention,
+)
 
 log = logging.getLogger("streamkit.engine")
 _HAS_RMS = hasattr(F, "rms_norm")
@@ -60,11 +66,10 @@ def rope_angles(cfg: LlamaConfig, rope_freqs=None) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32 and _HAS_RMS:
+    """x and w fp32 (the residual stream and the norm weights stay fp32 on every device)."""
+    if _HAS_RMS:
         return F.rms_norm(x, (x.shape[-1],), w, eps)
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
 class LlamaModel:
@@ -73,9 +78,9 @@ class LlamaModel:
         self.cfg: LlamaConfig = gm.config
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
-        from streamkit.engine.linear import resolve_weights
-
         self.weights = resolve_weights(weights, cuda, native_ok=False)
+        # dtype of the bf16 formats' matmul operands and of the KV cache; the residual stream, norms,
+        # RoPE and logits are fp32 whatever it is
         self.act_dtype = torch.bfloat16 if (cuda and self.weights != "fp32") else torch.float32
         self.attn_backend = attn_backend or ("triton" if cuda and HAVE_TRITON else "torch")
         cfg = self.cfg
@@ -88,13 +93,13 @@ class LlamaModel:
             return torch.from_numpy(T[name])
 
         def norm(name):
-            return t(name).to(device=dev, dtype=self.act_dtype)
+            return t(name).to(device=dev, dtype=torch.float32)
 
-        self.embed = t("token_embd.weight").to(device=dev, dtype=self.act_dtype)
+        # the residual stream stays fp32 on every device; only matmul operands are bf16 (CUDA)
+        self.embed = t("token_embd.weight").to(device=dev, dtype=torch.float32)
         head_w = t("output.weight") if "output.weight" in T else t("token_embd.weight")
-        # the tied embedding is Q8_0: 4-bit would be lossy, so the head uses int8 where layers use int4
-        self.lm_head = Linear(head_w, "int8+bf16" if mode == "int4+bf16" else mode, dev)
-        if mode == "fp32" and "output.weight" not in T and not cuda:
+        self.lm_head = LogitHead(head_w, dev, self.act_dtype)
+        if "output.weight" not in T and self.lm_head.w.dtype == torch.float32:
             self.lm_head.w = self.embed  # tied: share storage
         self.norm = norm("output_norm.weight")
         self.layers: list[Layer] = []
@@ -107,10 +112,7 @@ class LlamaModel:
                                      Linear(gu, mode, dev), Linear(t(p + "ffn_down.weight"), mode, dev)))
         hd = cfg.head_dim
         freqs = rope_angles(cfg, T.get("rope_freqs.weight"))
-        self.cos = freqs.cos().to(dev)
-        self.sin = freqs.sin().to(dev)
         self.freqs_cis = torch.polar(torch.ones_like(freqs), freqs).to(dev)  # complex64 [ctx, hd/2]
-        self._use_complex = self.act_dtype == torch.float32
         self.scale = default_scale(hd)
         self.kv_cache = None  # PagedKVCache, attached by the engine
 
@@ -123,20 +125,12 @@ class LlamaModel:
         return n
 
     # ------------------------------------------------------------------ forward
-    def _rope_tables(self, positions: torch.Tensor):
-        if self._use_complex:
-            return self.freqs_cis[positions].unsqueeze(1), None
-        return (self.cos[positions].unsqueeze(1).to(self.act_dtype), self.sin[positions].unsqueeze(1).to(self.act_dtype))
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor | None) -> torch.Tensor:
-        """x: [T, NH, hd] with (even, odd) dim pairs rotated together."""
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, NH, hd] fp32 with (even, odd) dim pairs rotated together, as one complex multiply.
+        In fp32 on every device: bf16 cos/sin at large positions would move every key."""
         T, NH, hd = x.shape
-        if sin is None:  # fp32: complex multiply, 1 kernel
-            xc = torch.view_as_complex(x.reshape(T, NH, hd // 2, 2))
-            return torch.view_as_real(xc * cos).reshape(T, NH, hd)
-        xp = x.reshape(T, NH, hd // 2, 2)
-        x0, x1 = xp[..., 0], xp[..., 1]
-        return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], -1).reshape(T, NH, hd)
+        xc = torch.view_as_complex(x.reshape(T, NH, hd // 2, 2))
+        return torch.view_as_real(xc * self.freqs_cis[positions].unsqueeze(1)).reshape(T, NH, hd)
 
     def _decode_attn(self, q, kp, vp, bt, cl, pre):
         if self.attn_backend == "triton":
@@ -151,7 +145,6 @@ class LlamaModel:
         T = b.ids.shape[0]
         nd = b.n_decode
         x = F.embedding(b.ids, self.embed)
-        cos, sin = self._rope_tables(b.positions)
         pre = None
         kc, vc = self.kv_cache.k, self.kv_cache.v
         NL, _, S, _ = kc.shape
@@ -163,7 +156,7 @@ class LlamaModel:
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, eps)
             qkv = L.qkv(h)
-            qk = self._rope(qkv[:, :qk_w].view(T, H + KV, hd), cos, sin)
+            qk = self._rope(qkv[:, :qk_w].reshape(T, H + KV, hd), b.positions)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, qk_w:].view(T, KV, hd)
             kp, vp = kc[li], vc[li]
@@ -175,13 +168,13 @@ class LlamaModel:
                 attn = torch.empty((T, H, hd), dtype=q.dtype, device=q.device)
                 if nd:
                     attn[:nd] = self._decode_attn(q[:nd], kp, vp, b.block_tables, b.ctx_lens, pre)
+                ad = self.act_dtype  # bf16 flash attention on CUDA, fp32 on the CPU
                 for t0, n, start, prev_slots in b.prefills:
-                    if start == 0:
-                        kk, vv = k[t0:t0 + n], v[t0:t0 + n]
-                    else:
-                        kk = torch.cat([kp[:, prev_slots].transpose(0, 1).to(k.dtype), k[t0:t0 + n]], 0)
-                        vv = torch.cat([vp[:, prev_slots].transpose(0, 1).to(v.dtype), v[t0:t0 + n]], 0)
-                    attn[t0:t0 + n] = prefill_attention(q[t0:t0 + n], kk, vv, start)
+                    qq, kk, vv = (t[t0:t0 + n].to(ad) for t in (q, k, v))
+                    if start:
+                        kk = torch.cat([kp[:, prev_slots].transpose(0, 1).to(ad), kk], 0)
+                        vv = torch.cat([vp[:, prev_slots].transpose(0, 1).to(ad), vv], 0)
+                    attn[t0:t0 + n] = prefill_attention(qq, kk, vv, start)
             x.add_(L.o(attn.reshape(T, H * hd)))  # x is this forward's own buffer (embedding output)
             h = rms_norm(x, L.ffn_norm, eps)
             gu = L.gate_up(h)
@@ -190,7 +183,7 @@ class LlamaModel:
         if b.logit_rows is not None:
             x = x.index_select(0, b.logit_rows)
         x = rms_norm(x, self.norm, eps)
-        return self.lm_head(x).float()
+        return self.lm_head(x)
 
     @torch.inference_mode()
     def decode_step(self, ids, positions, slots, block_tables, ctx_lens) -> torch.Tensor:

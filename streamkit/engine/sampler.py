@@ -25,12 +25,9 @@ def apply_repetition_penalty(logits: torch.Tensor, prev: list[int], penalty: flo
     return logits
 
 
-def sample_one(logits: torch.Tensor, params: SamplingParams, prev: list[int],
-               generator: torch.Generator | None) -> int:
-    """logits: [V] float32."""
+def target_probs(logits: torch.Tensor, params: SamplingParams, prev: list[int]) -> torch.Tensor:
+    """The distribution a non-greedy step samples from: penalty, temperature, top-k, top-p. [V]."""
     logits = apply_repetition_penalty(logits, prev, params.repetition_penalty)
-    if params.greedy:
-        return int(torch.argmax(logits))
     logits = logits / max(params.temperature, 1e-5)
     if params.top_k and 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
@@ -42,8 +39,15 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, prev: list[int],
         drop = (cum - probs) > params.top_p  # keep the smallest set whose mass reaches top_p
         sorted_l = sorted_l.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, sorted_i, sorted_l)
-    probs = torch.softmax(logits, -1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return torch.softmax(logits, -1)
+
+
+def sample_one(logits: torch.Tensor, params: SamplingParams, prev: list[int],
+               generator: torch.Generator | None) -> int:
+    """logits: [V] float32."""
+    if params.greedy:
+        return int(torch.argmax(apply_repetition_penalty(logits, prev, params.repetition_penalty)))
+    return int(torch.multinomial(target_probs(logits, params, prev), 1, generator=generator))
 
 
 def _argmax_rows(logits: torch.Tensor) -> list[int]:

@@ -64,6 +64,7 @@ class Scheduler:
                 self.running.remove(victim)
                 self.cache.free(victim.blocks)
                 victim.block_keys.clear()
+                victim.drop_draft()
                 victim.num_computed = 0
                 victim.state = State.WAITING
                 self.waiting.appendleft(victim)
@@ -76,9 +77,20 @@ class Scheduler:
         budget = self.max_batched_tokens
         decode: list[Sequence] = []
         prefill: list[tuple[Sequence, int]] = []
-        # 1. decode tokens for running sequences
+        # 1. decode tokens for running sequences; one with a speculative draft is verified in one
+        #    chunk (its next token and the draft) when the budget and the cache allow, else the
+        #    draft is dropped and it decodes one token as usual
         for seq in list(self.running):
-            if seq not in self.running or seq.n_uncomputed != 1:
+            if seq not in self.running:
+                continue
+            if seq.draft:
+                need = seq.n_uncomputed
+                if need <= budget and self.cache.ensure_capacity(seq.blocks, seq.num_computed + need):
+                    prefill.append((seq, need))
+                    budget -= need
+                    continue
+                seq.drop_draft()
+            if seq.n_uncomputed != 1:
                 continue
             while not self.cache.ensure_capacity(seq.blocks, seq.num_computed + 1):
                 victim = self._preempt_one(seq)
@@ -87,6 +99,11 @@ class Scheduler:
                 if victim in decode:  # already scheduled this step: take it back out
                     decode.remove(victim)
                     budget += 1
+                for i, (scheduled, n) in enumerate(prefill):  # a draft being verified this step
+                    if scheduled is victim:
+                        del prefill[i]
+                        budget += n
+                        break
             if seq in self.running and self.cache.ensure_capacity(seq.blocks, seq.num_computed + 1):
                 decode.append(seq)
                 budget -= 1
@@ -94,7 +111,7 @@ class Scheduler:
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.n_uncomputed > 1:
+            if seq.n_uncomputed > 1 and not seq.draft:
                 n = min(seq.n_uncomputed, budget)
                 if self.cache.ensure_capacity(seq.blocks, seq.num_computed + n):
                     prefill.append((seq, n))

@@ -41,6 +41,12 @@ class Sequence:
     t_submit: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
     n_generated: int = 0
+    draft: list[int] = field(default_factory=list)  # speculative tokens at the end of `tokens`, unverified
+
+    def drop_draft(self) -> None:
+        if self.draft:
+            del self.tokens[-len(self.draft):]
+            self.draft = []
 
     def __post_init__(self):
         if not self.tokens:

@@ -10,7 +10,6 @@ Tests use `async with serve(port=0, ...) as server:`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -23,12 +22,11 @@ import websockets
 from websockets.asyncio.server import ServerConnection
 
 from streamkit import resources
-from streamkit.server import routes as H
-from streamkit.server import metrics as M
+from streamkit.server import routes, telemetry
+from streamkit.server.connection import Connection
 from streamkit.server.limits import Limits, Security, is_loopback
-from streamkit.server.protocol import DEFAULT_MAX_MESSAGE
-from streamkit.server.session import Connection
-from streamkit.shutdown import stop_on_signals
+from streamkit.server.workers import WorkerWatch
+from streamkit.transport.base import Transport
 
 log = logging.getLogger("streamkit.server")
 
@@ -46,6 +44,7 @@ class StreamServer:
         preload: bool = True,
         plugins: list[str] | None = None,
         remote_stages: list[str] | None = None,
+        engine_url: str | None = None,
         progress=None,
     ) -> None:
         from streamkit.pipeline import default_pipelines_dir
@@ -54,12 +53,15 @@ class StreamServer:
         self.requested_port = port
         self.pipelines_dir = Path(pipelines_dir) if pipelines_dir else default_pipelines_dir()
         self.redis_url = redis_url
-        self.web_dir = Path(web_dir) if web_dir else H.default_web_dir()
+        self.web_dir = Path(web_dir) if web_dir else routes.default_web_dir()
         self.limits = limits or Limits()
         self.security = security or Security()
         self.preload = preload
         self.plugins = list(plugins or [])
         self.remote_stages = set(remote_stages or [])
+        self.engine_url = engine_url  # text generation runs on the engine workers there
+        self.routed_to_engine: dict[str, list[str]] = {}  # pipeline -> its stages routed there
+        self.workers = WorkerWatch([u for u in (redis_url, engine_url) if u])
         self.progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.pipelines: dict[str, Any] = {}
         self.pipeline_errors: dict[str, str] = {}
@@ -70,7 +72,7 @@ class StreamServer:
         self._ws_server = None
         self._transport = None
         self._closed = asyncio.Event()
-        M.track(self)
+        telemetry.track(self)
 
     # ------------------------------------------------------------------ state
     def session_count(self) -> int:
@@ -88,10 +90,11 @@ class StreamServer:
     def pipeline_names(self) -> list[str]:
         return sorted({spec.name for spec in self.pipelines.values()})
 
-    def transport(self):
+    def transport(self) -> Transport:
         if self._transport is None:
             if self.redis_url:
-                from streamkit.transport.redis import RedisTransport  # imported only when asked for
+                # imported only when asked for
+                from streamkit.transport.redis import RedisTransport
 
                 self._transport = RedisTransport(self.redis_url, remote_stages=self.remote_stages)
             else:
@@ -113,8 +116,22 @@ class StreamServer:
             host = "127.0.0.1"
         return f"ws://{host}:{self.port}/ws"
 
+    def required_workers(self) -> set[str]:
+        """Liveness roles the pipelines cannot run without (Redis only)."""
+        from streamkit.liveness import ENGINE_ROLE, stage_role
+
+        transport = self.transport()
+        roles = {stage_role(cfg.name) for spec in self.pipelines.values() for cfg in spec.stages
+                 if transport.is_remote(spec, cfg.name)}
+        if any(self.routed_to_engine.values()):
+            roles.add(ENGINE_ROLE)
+        return roles
+
+    def degraded(self) -> bool:
+        return bool(self.pipeline_errors or self.workers.missing(self.required_workers()) or self.workers.error)
+
     def health(self) -> dict[str, Any]:
-        status = "shutting_down" if self.shutting_down else ("degraded" if self.pipeline_errors else "ok")
+        status = "shutting_down" if self.shutting_down else ("degraded" if self.degraded() else "ok")
         return {
             "status": status,
             "models": resources.loaded() + _engines_loaded(),
@@ -126,13 +143,15 @@ class StreamServer:
                                 for spec in self.pipelines.values()},
             "pipeline_errors": self.pipeline_errors,
             "transport": "redis" if self.redis_url else "memory",
+            **(self.workers.report(self.required_workers()) if self.workers.redis_urls else {}),
+            "engine": self.engine_url or "local",
             "uptime_s": round(time.time() - self.started_at, 1),
         }
 
     # ------------------------------------------------------------------ start
     def load_pipelines(self) -> None:
         from streamkit.pipeline import PipelineError, load_pipeline
-        from streamkit.stage import load_plugins
+        from streamkit.stages.catalog import load_plugins
 
         if self.plugins:
             load_plugins(self.plugins)
@@ -150,22 +169,26 @@ class StreamServer:
                 self.pipeline_errors[path.stem] = f"{type(exc).__name__}: {exc}"
                 self.progress(f"pipeline {path.name}: cannot load ({exc}), skipped")
                 continue
+            if self.engine_url:
+                self.routed_to_engine[spec.name] = route_text_generation(spec, self.engine_url)
             self.pipelines[spec.name] = spec
             self.pipelines.setdefault(path.stem, spec)
 
     async def preload_models(self) -> None:
         """Start (then stop) every stage once so shared models load now, not in the first session."""
-        from streamkit.stage import StageContext, get_stage_class
+        from streamkit.stage import StageContext
+        from streamkit.stages.catalog import build_stage
 
+        transport = self.transport()
         specs = {spec.name: spec for spec in self.pipelines.values()}
         todo = [(spec, cfg) for spec in specs.values() for cfg in spec.stages
-                if not (self.redis_url and (cfg.transport == "redis" or cfg.name in self.remote_stages))]
+                if not transport.is_remote(spec, cfg.name)]
         for i, (spec, cfg) in enumerate(todo, 1):
             started = time.perf_counter()
             self.progress(f"[{i}/{len(todo)}] loading {spec.name}.{cfg.name} ({cfg.type}) ...")
             context = StageContext(spec.name, "preload", {}, spec.output_audio.sample_rate)
             try:
-                stage = get_stage_class(cfg.type)(cfg, context)
+                stage = build_stage(cfg, context)
                 await stage.start()
                 await _warm(stage)
                 await stage.stop()
@@ -177,6 +200,7 @@ class StreamServer:
 
     async def start(self) -> "StreamServer":
         self.load_pipelines()
+        self.workers.start()
         if self.preload:
             await self.preload_models()
         if not is_loopback(self.host) and not self.security.token:
@@ -206,27 +230,28 @@ class StreamServer:
         headers = request.headers
         if route == "/ws":
             if self.security.token and not self.security.token_ok(path, headers):
-                return H.json_response(401, {"type": "error", "code": "unauthorized",
+                return routes.json_response(401, {"type": "error", "code": "unauthorized",
                                              "message": "a valid token is required (?token= or Authorization: Bearer)"})
             if not self.security.origin_ok(headers.get("Origin"), headers.get("Host")):
-                return H.json_response(403, {"type": "error", "code": "forbidden_origin",
+                return routes.json_response(403, {"type": "error", "code": "forbidden_origin",
                                              "message": f"origin {headers.get('Origin')!r} is not allowed"})
             if self.shutting_down:
-                return H.json_response(503, {"type": "error", "code": "shutting_down",
+                return routes.json_response(503, {"type": "error", "code": "shutting_down",
                                              "message": "the server is shutting down"})
             if self.connection_count() >= self.limits.max_sessions + 16:
-                return H.json_response(503, {"type": "error", "code": "too_many_connections",
+                return routes.json_response(503, {"type": "error", "code": "too_many_connections",
                                              "message": "too many open connections"})
             return None  # go on with the websocket handshake
         if headers.get("Upgrade", "").lower() == "websocket":
-            return H.response(404, "the websocket endpoint is /ws\n")
+            return routes.response(404, "the websocket endpoint is /ws\n")
         if route == "/healthz":
-            return H.json_response(503 if self.shutting_down else 200, self.health())
+            health = self.health()
+            return routes.json_response(200 if health["status"] == "ok" else 503, health)
         if route == "/metrics":
             if self.security.token and not self.security.token_ok(path, headers):
-                return H.response(401, "token required\n")
-            return H.response(200, M.render(), "text/plain; version=0.0.4; charset=utf-8")
-        return H.static_file(self.web_dir, path)
+                return routes.response(401, "token required\n")
+            return routes.response(200, telemetry.render(), "text/plain; version=0.0.4; charset=utf-8")
+        return routes.static_file(self.web_dir, path)
 
     async def _handler(self, ws: ServerConnection) -> None:
         conn = Connection(self, ws)
@@ -260,13 +285,12 @@ class StreamServer:
                 await asyncio.wait_for(self._ws_server.wait_closed(), 10)
             except (asyncio.TimeoutError, TimeoutError):
                 pass
-        if self._transport is not None and hasattr(self._transport, "close"):
+        await self.workers.stop()
+        if self._transport is not None:
             try:
-                res = self._transport.close()
-                if asyncio.iscoroutine(res):
-                    await res
-            except Exception:
-                pass
+                await self._transport.aclose()
+            except Exception as exc:
+                log.warning("closing the transport failed: %s", exc)
         self._closed.set()
 
     async def wait_closed(self) -> None:
@@ -298,72 +322,21 @@ def _engines_loaded() -> list[str]:
     api = sys.modules.get("streamkit.engine.api")
     if api is None:
         return []
-    return [f"engine:{os.path.basename(path)}@{device}" for (path, device), e in list(getattr(api, "_engines", {}).items())
-            if getattr(e, "loaded", False)]
+    return [f"engine:{os.path.basename(e.model_path)}@{e.device}" for e in api.loaded_engines()]
+
+
+def route_text_generation(spec: Any, engine_url: str) -> list[str]:
+    """Point every stage that would generate text on an engine in this process (an `engine`
+    option left at `local`: llm, describe) at the engine workers at `engine_url`. Returns the
+    names of the stages routed."""
+    routed = []
+    for cfg in spec.stages:
+        if getattr(cfg, "engine", None) == "local":
+            cfg.engine = engine_url
+            routed.append(cfg.name)
+    return routed
 
 
 def serve(**kwargs) -> StreamServer:
     """A server to `await server.start()` or use as `async with serve(port=0) as server:`."""
     return StreamServer(**kwargs)
-
-
-# ---------------------------------------------------------------------- CLI
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="streamkit serve", description="Serve pipelines over websockets (protocol: DESIGN.md)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--pipelines", default=None, help="directory of pipeline YAML files (default: ./pipelines of the package)")
-    p.add_argument("--redis", default=None, metavar="URL", help="run stages over Redis Streams at URL")
-    p.add_argument("--remote-stage", action="append", default=[], metavar="STAGE",
-                   help="with --redis: this stage runs in `streamkit worker --stage STAGE` processes (repeatable)")
-    p.add_argument("--web", default=None, help="directory served over HTTP (default: web/)")
-    p.add_argument("--token", default=os.environ.get("STREAMKIT_TOKEN"),
-                   help="shared token required on /ws and /metrics (default: $STREAMKIT_TOKEN)")
-    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                   help="browser origin allowed besides this server's own (repeatable; '*' for any)")
-    p.add_argument("--max-sessions", type=int, default=Limits.max_sessions)
-    p.add_argument("--max-message", type=int, default=DEFAULT_MAX_MESSAGE, help="bytes per message (default 1 MiB)")
-    p.add_argument("--rate", type=float, default=Limits.rate, help="messages per second per session (0: unlimited)")
-    p.add_argument("--burst", type=int, default=Limits.burst)
-    p.add_argument("--send-timeout", type=float, default=Limits.send_timeout,
-                   help="close a client that reads nothing for this many seconds")
-    p.add_argument("--metrics-interval", type=float, default=Limits.metrics_interval)
-    p.add_argument("--shutdown-timeout", type=float, default=Limits.shutdown_timeout)
-    p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at start")
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="import MODULE to register stages")
-    return p
-
-
-def server_from_args(args: argparse.Namespace) -> StreamServer:
-    limits = Limits(max_message=args.max_message, max_sessions=args.max_sessions, rate=args.rate,
-                    burst=args.burst, send_timeout=args.send_timeout,
-                    metrics_interval=args.metrics_interval, shutdown_timeout=args.shutdown_timeout)
-    security = Security(token=args.token or None, allow_origins=args.allow_origin)
-    return StreamServer(host=args.host, port=args.port, pipelines_dir=args.pipelines, redis_url=args.redis,
-                        web_dir=args.web, limits=limits, security=security, preload=not args.no_preload,
-                        plugins=args.plugin, remote_stages=args.remote_stage)
-
-
-async def run_until_signal(server: StreamServer) -> None:
-    stop = stop_on_signals()
-    await server.start()
-    await stop.wait()
-    server.progress("signal received: flushing sessions and stopping")
-    await server.shutdown()
-
-
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING)
-    try:
-        asyncio.run(run_until_signal(server_from_args(args)))
-    except OSError as exc:
-        print(f"streamkit serve: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

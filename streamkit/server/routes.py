@@ -11,6 +11,8 @@ from urllib.parse import unquote, urlsplit
 from websockets.datastructures import Headers
 from websockets.http11 import Response
 
+from streamkit.shipped import shipped_dir
+
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -44,7 +46,7 @@ def json_response(status: int, obj) -> Response:
 
 
 def default_web_dir() -> Path:
-    return Path(__file__).resolve().parent.parent.parent / "web"
+    return shipped_dir("web")
 
 
 def static_file(web_dir: Path, raw_path: str) -> Response:

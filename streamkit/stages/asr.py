@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from streamkit.audio import StreamResampler
-from streamkit.frames import AudioFrame, EventFrame, Frame, TextFrame, Word
+from streamkit.frames import AudioFrame, EventFrame, Frame, TextFrame, TextRole, Word
 from streamkit.stage import Stage, StageConfig, register_stage
 
 RATE = 16000
@@ -98,6 +98,7 @@ class ASR(Stage):
         full_context: bool = False  # pad every window to 30 s as faster-whisper does (slower)
 
     stateful = True
+    emits_transcripts = True
 
     def wants(self, frame: Frame) -> bool:
         return isinstance(frame, AudioFrame) or (isinstance(frame, EventFrame) and frame.name in _EVENTS)
@@ -172,7 +173,7 @@ class ASR(Stage):
         return [TextFrame(text, final=False, language=self.language, start=utt.start,
                           end=words[-1].end, words=[Word(w.text.strip(), round(w.start, 3), round(w.end, 3),
                                                          round(w.probability, 3)) for w in words],
-                          utterance=utt.index, pts=utt.end)]
+                          utterance=utt.index, pts=utt.end, role=TextRole.TRANSCRIPT)]
 
     def _maybe_trim(self, utt: _Utterance) -> None:
         if utt.length / RATE <= self.config.max_window_s:
@@ -232,7 +233,7 @@ class ASR(Stage):
                           end=round(max(words[-1].end, utt.start or 0.0), 3),
                           words=[Word(w.text.strip(), round(w.start, 3), round(w.end, 3), round(w.probability, 3))
                                  for w in words],
-                          utterance=utt.index, pts=utt.end)]
+                          utterance=utt.index, pts=utt.end, role=TextRole.TRANSCRIPT)]
 
     # ------------------------------------------------------------ stage API
     def snapshot(self) -> dict:

@@ -6,61 +6,18 @@ AudioFrames by the server; any rate, mono or stereo) and emits mono (or `channel
 EventFrame("open", {"url": ..., "paced": bool}) — or `url:` in its config, opened on the first
 frame the stage sees — it decodes any file or URL PyAV opens (wav, mp3, mp4, webm/opus, http...)
 and emits it in `chunk_s` chunks, paced at real time when `paced` is true (tests and demos).
-
-Helpers for code that feeds sessions: `pcm_to_frame(data, rate, channels, fmt)` decodes raw
-s16le/f32le client PCM; `file_frames(path, rate)` and `feed_file(session, path, paced=True)`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Literal
+from typing import AsyncIterator, Literal
 
-import numpy as np
 from pydantic import Field
 
 from streamkit.audio import StreamResampler
 from streamkit.frames import AudioFrame, EventFrame, Frame
 from streamkit.stage import Stage, StageConfig, register_stage
-
-
-def pcm_to_frame(data: bytes, sample_rate: int, channels: int = 1, fmt: str = "s16le", pts: float = 0.0) -> AudioFrame:
-    """Raw client PCM (s16le or f32le, interleaved) -> AudioFrame."""
-    if fmt == "s16le":
-        return AudioFrame.from_s16le(data, sample_rate, channels, pts)
-    if fmt == "f32le":
-        if len(data) % (4 * channels):
-            raise ValueError(f"f32le audio of {len(data)} bytes is not a whole number of {channels}-channel samples")
-        pcm = np.frombuffer(data, dtype="<f4").astype(np.float32)
-        return AudioFrame(pcm.reshape(-1, channels) if channels > 1 else pcm, sample_rate, channels, pts)
-    raise ValueError(f"unsupported PCM format {fmt!r} (s16le or f32le)")
-
-
-def file_frames(source: str | Path, sample_rate: int = 16000, chunk_s: float = 0.1) -> Iterator[AudioFrame]:
-    from streamkit.media import iter_audio
-
-    return iter_audio(source, sample_rate, channels=1, chunk_s=chunk_s)
-
-
-async def feed_file(session: Any, source: str | Path, sample_rate: int = 16000, paced: bool = True,
-                    chunk_s: float = 0.1, speed: float = 1.0, end: bool = True) -> float:
-    """Push a decoded file into a session (at real-time pace if `paced`); returns its duration."""
-    from streamkit.media import paced as pace
-
-    frames = file_frames(source, sample_rate, chunk_s)
-    duration = 0.0
-    if paced:
-        async for f in pace(frames, speed):
-            await session.push(f)
-            duration = f.end
-    else:
-        for f in frames:
-            await session.push(f)
-            duration = f.end
-    if end:
-        await session.end()
-    return duration
 
 
 @register_stage("capture")

@@ -35,6 +35,7 @@ from pydantic import Field
 
 from streamkit.frames import Frame, TextFrame
 from streamkit.stage import Stage, StageConfig, register_stage
+from streamkit.stages.engine_client import make_engine
 
 _LANG_NAMES = {"es": "Spanish", "fr": "French", "de": "German", "it": "Italian", "pt": "Portuguese", "en": "English"}
 
@@ -87,15 +88,7 @@ class LLM(Stage):
 
     def _make_engine(self) -> Any:
         c = self.config
-        if c.engine.startswith(("redis://", "rediss://", "unix://")):
-            from streamkit.engine.remote import RemoteEngine
-
-            return RemoteEngine(c.engine, prefix=c.engine_prefix) if c.engine_prefix else RemoteEngine(c.engine)
-        if c.engine != "local":
-            raise ValueError(f"engine must be 'local' or a redis:// URL, got {c.engine!r}")
-        from streamkit.engine import get_engine
-
-        return get_engine(model_path=c.model, device=c.device)
+        return make_engine(c.engine, c.model, c.device, c.engine_prefix)
 
     @property
     def target_language(self) -> str:

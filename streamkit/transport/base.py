@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Protocol
 
 from streamkit.frames import Frame
+
+if TYPE_CHECKING:
+    from streamkit.pipeline import PipelineSpec
 
 Overflow = Literal["block", "drop_oldest"]
 SINK = "__out__"  # the pseudo-stage that session output goes to
@@ -35,6 +38,39 @@ class Outbox(Protocol):
         ...
 
     async def put(self, frame: Frame) -> None: ...
+
+
+@dataclass
+class Wiring:
+    """How one session's stages connect, as a transport built it."""
+
+    source: list[Outbox]
+    inboxes: dict[str, Inbox]
+    edges: dict[tuple[str, str], Outbox]  # (from, to) -> outbox
+    sinks: dict[str, Outbox]  # stage -> its edge into the session output
+    sink: Inbox
+    local_stages: set[str]
+    closer: Callable[[], Awaitable[None]] | None = None
+
+    async def close(self) -> None:
+        if self.closer is not None:
+            await self.closer()
+
+
+class Transport(Protocol):
+    """What runs a session's edges: MemoryTransport (in-process) or RedisTransport."""
+
+    concurrent: bool  # whether a stage host may overlap its stage's work with reading its inbox
+
+    async def wire(self, spec: "PipelineSpec", session_id: str, params: dict[str, Any]) -> Wiring:
+        """Build one session's inboxes and outboxes (and announce its remote stages)."""
+        ...
+
+    def is_remote(self, spec: "PipelineSpec", stage: str) -> bool:
+        """Whether `stage` runs in other processes (stage workers) rather than in this one."""
+        ...
+
+    async def aclose(self) -> None: ...
 
 
 class TransportClosed(Exception):

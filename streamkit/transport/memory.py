@@ -14,7 +14,8 @@ from typing import Any
 
 from streamkit.frames import Frame, VideoFrame
 from streamkit.metrics import FRAMES_DROPPED
-from streamkit.transport.base import Delivery, Overflow
+from streamkit.pipeline import SOURCE, PipelineSpec
+from streamkit.transport.base import Delivery, Inbox, Outbox, Overflow, Wiring
 
 
 class MemoryChannel:
@@ -79,14 +80,17 @@ class MemoryTransport:
     def __init__(self, sink_size: int = 1024) -> None:
         self.sink_size = sink_size
 
-    async def wire(self, spec, session_id: str, params: dict[str, Any]):
-        from streamkit.pipeline import SOURCE
-        from streamkit.runtime import Wiring
+    def is_remote(self, spec: PipelineSpec, stage: str) -> bool:
+        return False
 
-        inboxes = {
-            cfg.name: MemoryChannel(cfg.queue_size, cfg.video_overflow, name=cfg.name) for cfg in spec.stages
-        }
-        edges = {(up, name): MemoryOutbox(inboxes[name]) for name, ups in spec.inputs_of.items() for up in ups}
+    async def aclose(self) -> None:
+        """Nothing to release: the channels belong to their sessions."""
+
+    async def wire(self, spec: PipelineSpec, session_id: str, params: dict[str, Any]) -> Wiring:
+        channels = {cfg.name: MemoryChannel(cfg.queue_size, cfg.video_overflow, name=cfg.name) for cfg in spec.stages}
+        inboxes: dict[str, Inbox] = dict(channels)
+        edges: dict[tuple[str, str], Outbox] = {
+            (up, name): MemoryOutbox(channels[name]) for name, ups in spec.inputs_of.items() for up in ups}
         sink = MemoryChannel(self.sink_size, name="__out__")
         return Wiring(
             source=[edges[(SOURCE, name)] for name, ups in spec.inputs_of.items() if SOURCE in ups],

@@ -1,7 +1,9 @@
 """Redis Streams protocol shared by the engine worker and RemoteEngine (msgpack payloads).
 
-    {prefix}:requests         stream, consumer group "engine": {"d": {id, prompt, params, reply}}
-    {prefix}:reply:{id}       per-request stream: {"d": {"k": "text"|"done"|"error", "v": ...}}
+    {prefix}:requests         stream, consumer group "engine": {"d": {id, prompt, params, reply, model}}
+                              (model: a GGUF path or packaged name; null: the worker's default)
+    {prefix}:reply:{id}       per-request stream: {"d": {"k": "start"|"text"|"done"|"error", "v": ...,
+                              "n": 0, 1, ...}}  (numbered: a client sees messages Redis lost)
     {prefix}:cancel           stream every worker tails: {"d": {id}}
     {prefix}:stats:{worker}   hash with the worker's engine stats (expires)
 """

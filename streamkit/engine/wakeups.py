@@ -2,7 +2,7 @@
 
 Every `loop.call_soon_threadsafe` writes to the loop's self-pipe and wakes it. Posting each token
 of each stream that way cost 32 wake-ups a step with 16 streams on one loop; the engine thread
-posts into a Delivery instead and flushes it once per step, so a loop wakes once and runs the
+posts into a BatchedWakeups instead and flushes it once per step, so a loop wakes once and runs the
 whole batch. Used only from the engine thread.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ def _run_batch(items: list[tuple[Callable[[Any], None], Any]]) -> None:
         fn(arg)
 
 
-class Delivery:
+class BatchedWakeups:
     def __init__(self) -> None:
         self._pending: dict[asyncio.AbstractEventLoop, list[tuple[Callable[[Any], None], Any]]] = {}
 

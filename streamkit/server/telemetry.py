@@ -29,6 +29,8 @@ ERRORS = REGISTRY.counter("streamkit_ws_errors_total", "Error events sent to cli
 SERVER_DROPPED = REGISTRY.counter("streamkit_server_dropped_total", "Messages the server dropped by policy")
 ENGINE_TPS = REGISTRY.gauge("streamkit_engine_tokens_per_second", "Decode engine throughput")
 ENGINE_BATCH = REGISTRY.gauge("streamkit_engine_batch_size", "Sequences in the engine's last decode step")
+ENGINE_SPEC = REGISTRY.gauge("streamkit_engine_spec_acceptance",
+                             "Share of speculative draft tokens the model accepted (speculative decoding)")
 
 _servers: "weakref.WeakSet" = weakref.WeakSet()
 
@@ -50,14 +52,12 @@ def _engine_values(key: str):
     out = {}
     if api is None:
         return out
-    for (path, device), engine in list(getattr(api, "_engines", {}).items()):
+    for engine in api.loaded_engines():
         try:
             stats = engine.stats()
         except Exception:
             continue
-        if not stats.get("loaded"):
-            continue
-        labels = (("device", str(device)), ("model", path.rsplit("/", 1)[-1]))
+        labels = (("device", str(engine.device)), ("model", engine.model_path.rsplit("/", 1)[-1]))
         out[labels] = float(stats.get(key, 0) or 0)
     return out
 
@@ -66,6 +66,7 @@ SESSIONS.add_callback(_sessions)
 CONNECTIONS.add_callback(_connections)
 ENGINE_TPS.add_callback(lambda: _engine_values("tokens_per_s"))
 ENGINE_BATCH.add_callback(lambda: _engine_values("batch_size"))
+ENGINE_SPEC.add_callback(lambda: _engine_values("spec_acceptance"))
 
 
 def render() -> str:
