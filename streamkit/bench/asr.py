@@ -38,11 +38,13 @@ def main(argv: list[str]) -> int:
                     help="also N recorded human prompts (Asterisk en_US, 8 kHz) through the websocket server")
     ap.add_argument("--real-only", action="store_true", help="only the recorded prompts (with --real)")
     ap.add_argument("--model", default="tiny.en", help="ASR model for --real (tiny.en, base or a path)")
+    ap.add_argument("--final-beam", type=int, default=5, help="asr final_beam_size for --real")
     args = ap.parse_args(argv)
     if args.real_only:
         from streamkit.bench.asr_real import main_real
 
-        print_result(main_real(args.real, args.model, args.threads, args.silence_ms, not args.no_peer), args.json)
+        print_result(main_real(args.real, args.model, args.threads, args.silence_ms, not args.no_peer,
+                               args.final_beam), args.json)
         return 0
     return asyncio.run(_run(args))
 

@@ -88,7 +88,8 @@ class ASR(Stage):
         language: str = "en"
         compute_type: str = "int8"
         cpu_threads: int = Field(default=0, ge=0, le=64)  # 0: min(4, cores)
-        beam_size: int = Field(default=1, ge=1, le=10)
+        beam_size: int = Field(default=1, ge=1, le=10)  # partial decodes
+        final_beam_size: int = Field(default=5, ge=1, le=10)  # the final's (speculative) decode: beam 5 as the offline peer
         partials: bool = True
         step_s: float = Field(default=0.5, ge=0.1, le=10.0)
         min_partial_s: float = Field(default=0.5, ge=0.1, le=10.0)
@@ -137,11 +138,12 @@ class ASR(Stage):
             text = f"{self.config.prompt} {text}".strip()
         return text
 
-    def _launch(self, utt: _Utterance) -> tuple[asyncio.Task, tuple[int, float]]:
+    def _launch(self, utt: _Utterance, final: bool = False) -> tuple[asyncio.Task, tuple[int, float]]:
         audio = utt.window().copy()
         prompt = self._prompt(utt)
         utt.decoded_at = utt.length
-        task = asyncio.ensure_future(asyncio.to_thread(self.decoder.decode, audio, prompt))
+        beam = self.config.final_beam_size if final else self.config.beam_size
+        task = asyncio.ensure_future(asyncio.to_thread(self.decoder.decode, audio, prompt, 160, beam))
         return task, (utt.index, utt.offset or 0.0)
 
     def _timed(self, decoded, offset: float):
@@ -215,7 +217,7 @@ class ASR(Stage):
                 decoded = None
         self._drop_spec()
         if decoded is None and utt.length >= RATE // 10:
-            task, (_, offset) = self._launch(utt)
+            task, (_, offset) = self._launch(utt, final=True)
             decoded = await task
         if decoded is not None:
             if utt.trimmed:
@@ -263,7 +265,7 @@ class ASR(Stage):
                 utt = self.utt
                 if utt is not None and self.config.speculative and utt.length >= RATE // 5:
                     utt.paused = True
-                    self._spec, self._spec_meta = self._launch(utt)
+                    self._spec, self._spec_meta = self._launch(utt, final=True)
             elif frame.name == "speech_resume":
                 yield frame
                 if self.utt is not None:
