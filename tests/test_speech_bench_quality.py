@@ -35,3 +35,17 @@ def test_bench_asr_real_json(capsys):
     assert result["real_files"] == 2
     assert 0 <= result["real_wer"] <= 0.5 and 0 <= result["real_peer_wer"] <= 0.5
     assert result["real_final_latency_ms_p50"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/usr/share/doc/asterisk-core-sounds-es").exists(),
+                    reason="asterisk-core-sounds-es is not installed")
+def test_bench_dubbing_spanish_json(capsys):
+    """es -> en on real Spanish speech: the dubbed English is scored by Whisper base."""
+    from streamkit.bench.dubbing import main
+
+    assert main(["--spanish", "--sentences", "2", "--gap", "2.0", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["utterances"] == 2 and result["dubbed_utterances"] >= 1
+    assert result["asr_cer"] <= 0.3 and result["dubbed_cer"] is not None
+    assert result["translation_chrf"] is None

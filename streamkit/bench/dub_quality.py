@@ -65,3 +65,38 @@ def intelligibility(utterance_audio: list[np.ndarray], spoken: list[str], rate: 
         errors += cer(text, hyp) * n
         chars += n
     return {"dubbed_cer": round(errors / chars, 4) if chars else None, "dubbed_heard": heard}
+
+
+def spanish_prompts(count: int, gap_s: float, min_words: int = 4):
+    """Real Spanish input: Debian's es_MX Asterisk prompts (8 kHz) at 16 kHz, `gap_s` apart.
+    Returns (audio, spans as (start, voiced_end, end), transcripts)."""
+    import gzip
+
+    from streamkit.audio import resample_array
+    from streamkit.bench.asr_real import read_wav
+    from streamkit.speech.corpus import voiced_span
+
+    sounds = Path("/usr/share/asterisk/sounds/es_MX")
+    index = Path("/usr/share/doc/asterisk-core-sounds-es/core-sounds-es.txt.gz")
+    if not sounds.is_dir() or not index.exists():
+        raise SystemExit("bench dubbing --spanish needs Debian's asterisk-core-sounds-es and -es-wav")
+    found = []
+    with gzip.open(index, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            name, sep, text = line.partition(":")
+            text = text.strip()
+            wav = sounds / f"{name.strip()}.wav"
+            if sep and not line.startswith(";") and not text.startswith("[") and "/" not in name \
+                    and len(text.split()) >= min_words and wav.exists():
+                found.append((wav, text))
+    found = sorted(found)[:count]
+    parts = [np.zeros(8000, np.float32)]
+    spans, t = [], 0.5
+    for wav, _ in found:
+        audio, rate = read_wav(wav)
+        audio = resample_array(audio, rate, 16000)
+        v0, v1 = voiced_span(audio, 16000)
+        spans.append((t + v0, t + v1, t + len(audio) / 16000))
+        parts += [audio, np.zeros(int(gap_s * 16000), np.float32)]
+        t += len(audio) / 16000 + gap_s
+    return np.concatenate(parts).astype(np.float32), spans, [text for _, text in found]

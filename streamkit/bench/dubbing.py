@@ -19,23 +19,36 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
     ap.add_argument("--sentences", type=int, default=8, help="how many of the fixed sentences")
     ap.add_argument("--gap", type=float, default=2.5, help="silence between sentences (s)")
-    ap.add_argument("--pipeline", default=str(shipped_dir("pipelines") / "dubbing.yaml"))
+    ap.add_argument("--pipeline", default=None, help="default: dubbing.yaml (dubbing_es_en.yaml with --spanish)")
+    ap.add_argument("--spanish", action="store_true",
+                    help="es -> en: real Spanish speech (Asterisk es_MX prompts) into dubbing_es_en")
     args = ap.parse_args(argv)
+    if args.pipeline is None:
+        args.pipeline = str(shipped_dir("pipelines") / ("dubbing_es_en.yaml" if args.spanish else "dubbing.yaml"))
     return asyncio.run(_run(args))
 
 
 async def _run(args: argparse.Namespace) -> int:
     from streamkit.bench._speech import log, match_finals, percentile, run_paced
-    from streamkit.bench.dub_quality import chrf, intelligibility, load_references
+    from streamkit.bench.dub_quality import (
+        chrf,
+        intelligibility,
+        load_references,
+        spanish_prompts,
+    )
     from streamkit.frames import AudioFrame, TextFrame
     from streamkit.pipeline import load_pipeline
     from streamkit.speech import corpus
 
     spec = load_pipeline(args.pipeline)
-    references = load_references()  # bench translate's English -> Spanish references, when present
-    texts = list(references)[: args.sentences] if references else corpus.sentences()[: args.sentences]
-    log(f"bench dubbing: synthesising {len(texts)} sentences")
-    audio, spans = corpus.speech_stream(texts, gap_s=args.gap)
+    if args.spanish:  # no English references exist for the prompts: chrF is left out
+        references: dict[str, str] = {}
+        audio, spans, texts = spanish_prompts(args.sentences, args.gap)
+    else:
+        references = load_references()  # bench translate's English -> Spanish references, when present
+        texts = list(references)[: args.sentences] if references else corpus.sentences()[: args.sentences]
+        log(f"bench dubbing: synthesising {len(texts)} sentences")
+        audio, spans = corpus.speech_stream(texts, gap_s=args.gap)
 
     log("bench dubbing: loading models (whisper, hibari, engine)")
     from streamkit.engine import SamplingParams, get_engine
@@ -97,7 +110,13 @@ async def _run(args: argparse.Namespace) -> int:
         result["translation_chrf"] = round(chrf(translations, [references[t] for t in texts]), 2)
     else:
         result["translation_chrf"] = None
-        result["translation_chrf_note"] = "no tests/data/translate_en_es.tsv (bench translate's references)"
+        result["translation_chrf_note"] = ("no English references for the es_MX prompts" if args.spanish else
+                                           "no tests/data/translate_en_es.tsv (bench translate's references)")
+    if args.spanish:
+        from streamkit.speech.cer import cer
+
+        heard = [" ".join(f.text for _, f in items) for items in per]
+        result["asr_cer"] = round(cer(" ".join(texts), " ".join(heard)), 4)
     for t, tr, heard in zip(texts, translations, quality["dubbed_heard"]):
         log(f"  {t}\n   -> {tr}\n   heard: {heard}")
     log(f"bench dubbing: first audio p50 {result['first_audio_ms_p50']} ms, p95 {result['first_audio_ms_p95']} ms "
