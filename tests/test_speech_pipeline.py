@@ -93,7 +93,7 @@ async def test_transcript_matches_and_events_ordered():
     for u, f in enumerate(finals):
         assert f.utterance == u and f.language == "en"
         assert f.words and f.words[0].start >= f.start - 0.01 and f.words[-1].end <= f.end + 0.01
-        assert spans[u][0] - 0.4 <= f.start <= spans[u][0] + 0.3 and abs(f.end - spans[u][1]) < 0.5
+        assert spans[u][0] - 0.45 <= f.start <= spans[u][0] + 0.3 and abs(f.end - spans[u][1]) < 0.5
         idx = frames.index(f)
         before = frames[:idx]
         partials = [p for p in before if isinstance(p, TextFrame) and not p.final and p.utterance == u]

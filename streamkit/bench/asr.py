@@ -34,7 +34,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--silence-ms", type=int, default=300, help="vad min_silence_ms")
     ap.add_argument("--threads", type=int, default=0, help="CTranslate2 threads (0: min(4, cores))")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--real", type=int, default=0, metavar="N",
+                    help="also N recorded human prompts (Asterisk en_US, 8 kHz) through the websocket server")
+    ap.add_argument("--real-only", action="store_true", help="only the recorded prompts (with --real)")
+    ap.add_argument("--model", default="tiny.en", help="ASR model for --real (tiny.en, base or a path)")
+    ap.add_argument("--final-beam", type=int, default=5, help="asr final_beam_size for --real")
     args = ap.parse_args(argv)
+    if args.real_only:
+        from streamkit.bench.asr_real import main_real
+
+        print_result(main_real(args.real, args.model, args.threads, args.silence_ms, not args.no_peer,
+                               args.final_beam), args.json)
+        return 0
     return asyncio.run(_run(args))
 
 
@@ -98,6 +109,11 @@ async def _run(args: argparse.Namespace) -> int:
         peer_wall = time.perf_counter() - t0
         result["peer_wer"] = round(wer(" ".join(texts), peer_text), 4)
         result["peer_rtf"] = round(peer_wall / duration, 4)
+    if args.real:
+        from streamkit.bench.asr_real import run as run_real
+
+        log(f"bench asr: {args.real} recorded prompts through the websocket server")
+        result.update(await run_real(args.real, args.model, args.threads, args.silence_ms, not args.no_peer))
     log(f"bench asr: wer {result['wer']} (peer {result.get('peer_wer')}), rtf {result['rtf']} "
         f"(peer {result.get('peer_rtf')}), final latency p50 {result['final_latency_ms_p50']} ms "
         f"p95 {result['final_latency_ms_p95']} ms, {len(partials)} partials, {len(finals)} finals")

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from itertools import pairwise
+
+import numpy as np
 
 from streamkit.bench import print_result
 from streamkit.shipped import shipped_dir
@@ -16,21 +19,36 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
     ap.add_argument("--sentences", type=int, default=8, help="how many of the fixed sentences")
     ap.add_argument("--gap", type=float, default=2.5, help="silence between sentences (s)")
-    ap.add_argument("--pipeline", default=str(shipped_dir("pipelines") / "dubbing.yaml"))
+    ap.add_argument("--pipeline", default=None, help="default: dubbing.yaml (dubbing_es_en.yaml with --spanish)")
+    ap.add_argument("--spanish", action="store_true",
+                    help="es -> en: real Spanish speech (Asterisk es_MX prompts) into dubbing_es_en")
     args = ap.parse_args(argv)
+    if args.pipeline is None:
+        args.pipeline = str(shipped_dir("pipelines") / ("dubbing_es_en.yaml" if args.spanish else "dubbing.yaml"))
     return asyncio.run(_run(args))
 
 
 async def _run(args: argparse.Namespace) -> int:
     from streamkit.bench._speech import log, match_finals, percentile, run_paced
+    from streamkit.bench.dub_quality import (
+        chrf,
+        intelligibility,
+        load_references,
+        spanish_prompts,
+    )
     from streamkit.frames import AudioFrame, TextFrame
     from streamkit.pipeline import load_pipeline
     from streamkit.speech import corpus
 
     spec = load_pipeline(args.pipeline)
-    texts = corpus.sentences()[: args.sentences]
-    log(f"bench dubbing: synthesising {len(texts)} sentences")
-    audio, spans = corpus.speech_stream(texts, gap_s=args.gap)
+    if args.spanish:  # no English references exist for the prompts: chrF is left out
+        references: dict[str, str] = {}
+        audio, spans, texts = spanish_prompts(args.sentences, args.gap)
+    else:
+        references = load_references()  # bench translate's English -> Spanish references, when present
+        texts = list(references)[: args.sentences] if references else corpus.sentences()[: args.sentences]
+        log(f"bench dubbing: synthesising {len(texts)} sentences")
+        audio, spans = corpus.speech_stream(texts, gap_s=args.gap)
 
     log("bench dubbing: loading models (whisper, hibari, engine)")
     from streamkit.engine import SamplingParams, get_engine
@@ -52,7 +70,7 @@ async def _run(args: argparse.Namespace) -> int:
     finals = [(c, f) for c, f in out if isinstance(f, TextFrame) and f.final and f.source == asr_name]
     per = match_finals(finals, spans)
     first_audio, first_text, final_lat = [], [], []
-    translations = []
+    translations, starts = [], []
     for (start, voiced_end, _end), items in zip(spans, per):
         if not items:
             continue
@@ -63,6 +81,7 @@ async def _run(args: argparse.Namespace) -> int:
         text = " ".join(f.text for c, f in out if isinstance(f, TextFrame) and f.source == llm_name and f.final
                         and f.utterance in utts)
         translations.append(text)
+        starts.append(min(pieces) if pieces else None)
         if not pieces:
             continue
         first_text.append((min(pieces) - voiced_end) * 1000)
@@ -77,8 +96,29 @@ async def _run(args: argparse.Namespace) -> int:
         "first_text_ms_p50": round(percentile(first_text, 50), 1),
         "dubbed_utterances": len(first_audio),
     }
-    for t, tr in zip(texts, translations):
-        log(f"  {t}\n   -> {tr}")
+    tts_frames = [(c, f) for c, f in out if isinstance(f, AudioFrame) and f.source == tts_name]
+    bounds = [t for t in starts if t is not None] + [float("inf")]
+    dubbed = [np.concatenate([f.samples for c, f in tts_frames if a <= c < b] or [np.zeros(0, np.float32)])
+              for a, b in pairwise(bounds)]
+    spoken = [t for t, s0 in zip(translations, starts) if s0 is not None]
+    language = getattr(llm_cfg, "target_language", "es")
+    rate = spec.output_audio.sample_rate
+    log("bench dubbing: dubbed speech transcribed back by Whisper base")
+    quality = intelligibility(dubbed, spoken, rate, language)
+    result["dubbed_cer"] = quality["dubbed_cer"]
+    if references:
+        result["translation_chrf"] = round(chrf(translations, [references[t] for t in texts]), 2)
+    else:
+        result["translation_chrf"] = None
+        result["translation_chrf_note"] = ("no English references for the es_MX prompts" if args.spanish else
+                                           "no tests/data/translate_en_es.tsv (bench translate's references)")
+    if args.spanish:
+        from streamkit.speech.cer import cer
+
+        heard = [" ".join(f.text for _, f in items) for items in per]
+        result["asr_cer"] = round(cer(" ".join(texts), " ".join(heard)), 4)
+    for t, tr, heard in zip(texts, translations, quality["dubbed_heard"]):
+        log(f"  {t}\n   -> {tr}\n   heard: {heard}")
     log(f"bench dubbing: first audio p50 {result['first_audio_ms_p50']} ms, p95 {result['first_audio_ms_p95']} ms "
         f"(asr final p50 {result['asr_final_ms_p50']} ms, first translated piece p50 {result['first_text_ms_p50']} ms)")
     print_result(result, args.json)

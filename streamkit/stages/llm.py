@@ -119,8 +119,14 @@ class LLM(Stage):
         return make_engine(c.engine, c.model, c.device, c.engine_prefix)
 
     @property
+    def target_language(self) -> str:
+        """The session param target_language (the start message's params), else the YAML's."""
+        params = getattr(getattr(self, "context", None), "params", None) or {}
+        return str(params.get("target_language") or self.config.target_language)
+
+    @property
     def language_name(self) -> str:
-        lang = self.config.target_language
+        lang = self.target_language
         return _LANG_NAMES.get(lang.lower(), lang)
 
     def build_prompt(self, text: str) -> str | list[dict[str, str]]:
@@ -143,7 +149,7 @@ class LLM(Stage):
     async def process(self, frame: Frame) -> AsyncIterator[Frame]:
         assert isinstance(frame, TextFrame)
         prompt = self.build_prompt(frame.text.strip())
-        language = self.config.target_language if self.config.mode == "translate" else frame.language
+        language = self.target_language if self.config.mode == "translate" else frame.language
         parts: list[str] = []
         meta = dict(language=language, start=frame.start, end=frame.end, utterance=frame.utterance, pts=frame.pts)
         async with aclosing(self.engine.generate(prompt, self._params())) as stream:

@@ -1,4 +1,6 @@
-"""tts: text to speech with hibari (the packaged af_heart voice; nothing is downloaded).
+"""tts: text to speech: hibari for English (the packaged af_heart voice), Kokoro-82M for Spanish
+and other espeak-ng languages (`language: es`, styles jm_kumo (default) ... see
+streamkit.speech.kokoro). Nothing is downloaded.
 
 Which text is spoken: with `speak: [stage, ...]` the text frames those stages produced; by
 default, text without word timings, i.e. an LLM's output rather than an ASR transcript (ASR
@@ -21,7 +23,7 @@ from typing import AsyncIterator, Literal
 import numpy as np
 from pydantic import Field
 
-from streamkit.frames import AudioFrame, Frame, TextFrame
+from streamkit.frames import AudioFrame, Frame, TextFrame, TextRole
 from streamkit.stage import Stage, StageConfig, register_stage
 
 
@@ -29,9 +31,10 @@ from streamkit.stage import Stage, StageConfig, register_stage
 class TTS(Stage):
     class Config(StageConfig):
         type: Literal["tts"] = "tts"
-        engine: Literal["hibari"] = "hibari"
-        voice: str = "af_heart"
-        model: str | None = None  # another hibari-compatible ONNX file
+        engine: Literal["hibari", "kokoro", "auto"] = "auto"  # auto: hibari for en, Kokoro otherwise
+        language: str = "en"  # the language spoken; session param target_language overrides it
+        voice: str | None = None  # hibari: af_heart; Kokoro: a packaged style (default jm_kumo)
+        model: str | None = None  # another hibari- or Kokoro-compatible ONNX file
         speed: float = Field(default=1.0, ge=0.5, le=2.0)
         speak: list[str] | None = None
         chunk_ms: int = Field(default=100, ge=10, le=1000)
@@ -49,15 +52,29 @@ class TTS(Stage):
             return False
         if self.config.speak is not None:
             return frame.source in self.config.speak
-        return not frame.words
+        return frame.role is not TextRole.TRANSCRIPT  # speak what stages wrote, not what was heard
 
     async def start(self) -> None:
         from streamkit.resources import shared_async
-        from streamkit.speech.synth import SentenceSplitter, load_hibari, packaged_voice
+        from streamkit.speech.synth import HIBARI_RATE, SentenceSplitter, load_hibari, packaged_voice
 
         c = self.config
-        voice = packaged_voice(c.voice)
-        self.tts = await shared_async(("hibari", voice, c.model), lambda: load_hibari(voice, c.model))
+        self.language = str(self.context.params.get("target_language") or c.language)
+        engine = c.engine if c.engine != "auto" else ("hibari" if self.language == "en" else "kokoro")
+        self.engine = engine
+        if engine == "hibari":
+            if self.language != "en":
+                raise ValueError(f"hibari speaks English only, not {self.language!r}; use engine: kokoro")
+            voice = packaged_voice(c.voice or "af_heart")
+            self.tts = await shared_async(("hibari", voice, c.model), lambda: load_hibari(voice, c.model))
+            self.native_rate = HIBARI_RATE
+        else:
+            from streamkit.speech.kokoro import DEFAULT_STYLE, KOKORO_RATE, KokoroVoice, espeak_language
+
+            espeak_language(self.language)  # a clear error for a language it cannot speak
+            style, lang = c.voice or DEFAULT_STYLE, self.language
+            self.tts = await shared_async(("kokoro", style, lang, c.model), lambda: KokoroVoice(style, lang, c.model))
+            self.native_rate = KOKORO_RATE
         self.rate = int(self.context.output_audio_rate or 24000)
         self._splitters: dict[tuple[str, int | None], SentenceSplitter] = {}
         self._new_splitter = lambda: SentenceSplitter(c.max_chars, c.first_min_chars, c.first_max_chars or None)
@@ -66,14 +83,17 @@ class TTS(Stage):
 
     async def _speak(self, text: str) -> AsyncIterator[AudioFrame]:
         from streamkit.audio import resample_array
-        from streamkit.speech.synth import HIBARI_RATE, synthesize_sentence
+        from streamkit.speech.synth import synthesize_sentence
 
         text = text.strip()
         if not any(ch.isalnum() for ch in text):
             return
-        audio = await asyncio.to_thread(synthesize_sentence, self.tts, text, self.config.speed, self.config.seed)
-        if self.rate != HIBARI_RATE:
-            audio = resample_array(audio, HIBARI_RATE, self.rate)
+        if self.engine == "kokoro":  # thread-safe, deterministic: no seed
+            audio = await asyncio.to_thread(self.tts, text, self.config.speed)
+        else:
+            audio = await asyncio.to_thread(synthesize_sentence, self.tts, text, self.config.speed, self.config.seed)
+        if self.rate != self.native_rate:
+            audio = resample_array(audio, self.native_rate, self.rate)
         self.sentences_spoken += 1
         step = max(1, self.rate * self.config.chunk_ms // 1000)
         for i in range(0, len(audio), step):

@@ -35,6 +35,7 @@ class VAD(Stage):
         min_speech_ms: int = Field(default=96, ge=0, le=5000)
         min_silence_ms: int = Field(default=300, ge=32, le=10_000)
         speech_pad_ms: int = Field(default=160, ge=0, le=2000)
+        lead_pad_ms: int = Field(default=400, ge=0, le=2000)  # audio kept before a confirmed start
         max_speech_s: float = Field(default=60.0, gt=1.0, le=3600.0)
         interrupt_on_speech: bool = False
         pass_audio: Literal["speech", "all"] = "speech"
@@ -49,7 +50,7 @@ class VAD(Stage):
         model = await shared_async(("silero-vad", "faster-whisper"), _vad_model)
         c = self.config
         self.segmenter = Segmenter(c.threshold, c.neg_threshold, c.min_speech_ms, c.min_silence_ms,
-                                   c.speech_pad_ms, c.max_speech_s, model=model)
+                                   c.speech_pad_ms, c.max_speech_s, model=model, lead_pad_ms=c.lead_pad_ms)
         self.resampler = StreamResampler(RATE)
         self._origin: float | None = None  # pts of the first input sample
 

