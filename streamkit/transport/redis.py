@@ -41,7 +41,6 @@ from streamkit.redis_io import connect
 from streamkit.transport.base import SINK, Delivery, Wiring
 from streamkit.transport.fencing import Fence, own_key
 from streamkit.transport.redis_edges import (
-    GROUP,
     WORK_GROUP,
     RedisInbox,
     RedisOutbox,
@@ -160,19 +159,6 @@ class _AckingInbox:
 
     def __init__(self, inbox: RedisInbox) -> None:
         self.inbox = inbox
-
-    async def _read_fenced(self) -> Any:
-        """A remote stage's read: fenced, so never blocking in Redis; XREAD (which takes nothing)
-        waits for the next entry instead."""
-        if self._reconnected:
-            self._reconnected = False
-            pending = await self.r.xreadgroup(GROUP, self.consumer, dict(self._last_seen), count=64)
-            if any(entries for _, entries in pending or []):
-                return pending
-        found, after = await self.fence.read(self.keys, self.consumer, 32)
-        if not found:
-            await self.r.xread(after, count=1, block=1000)
-        return found
 
     async def get(self) -> Delivery:
         delivery = await self.inbox.get()
