@@ -30,18 +30,21 @@ output: [asr]
 """
 
 
-def prompts(limit: int, min_words: int = 4) -> list[tuple[Path, str]]:
-    """(wav, transcript) for top-level prompts with at least `min_words` words, by name."""
-    if not TRANSCRIPTS.exists() or not SOUNDS.exists():
-        raise SystemExit("bench asr --real needs Debian's asterisk-core-sounds-en and asterisk-core-sounds-en-wav")
+def prompts(limit: int, min_words: int = 4, sounds: Path = SOUNDS, transcripts: Path = TRANSCRIPTS,
+            missing: str = "bench asr --real needs Debian's asterisk-core-sounds-en and asterisk-core-sounds-en-wav",
+            ) -> list[tuple[Path, str]]:
+    """(wav, transcript) for top-level Asterisk prompts (of the language whose `sounds` and
+    `transcripts` are given) with at least `min_words` words, by name; tones are skipped."""
+    if not transcripts.exists() or not sounds.exists():
+        raise SystemExit(missing)
     found = []
-    with gzip.open(TRANSCRIPTS, "rt", encoding="utf-8", errors="replace") as f:
+    with gzip.open(transcripts, "rt", encoding="utf-8", errors="replace") as f:
         for line in f:
             name, sep, text = line.partition(":")
             text = text.strip()
             if not sep or line.startswith(";") or text.startswith("[") or "/" in name:
                 continue
-            wav = SOUNDS / f"{name.strip()}.wav"
+            wav = sounds / f"{name.strip()}.wav"
             if wav.exists() and len(text.split()) >= min_words:
                 found.append((wav, text))
     found.sort(key=lambda p: p[0].name)

@@ -70,26 +70,13 @@ def intelligibility(utterance_audio: list[np.ndarray], spoken: list[str], rate: 
 def spanish_prompts(count: int, gap_s: float, min_words: int = 4):
     """Real Spanish input: Debian's es_MX Asterisk prompts (8 kHz) at 16 kHz, `gap_s` apart.
     Returns (audio, spans as (start, voiced_end, end), transcripts)."""
-    import gzip
-
     from streamkit.audio import resample_array
-    from streamkit.bench.asr_real import read_wav
+    from streamkit.bench.asr_real import prompts, read_wav
     from streamkit.speech.corpus import voiced_span
 
-    sounds = Path("/usr/share/asterisk/sounds/es_MX")
-    index = Path("/usr/share/doc/asterisk-core-sounds-es/core-sounds-es.txt.gz")
-    if not sounds.is_dir() or not index.exists():
-        raise SystemExit("bench dubbing --spanish needs Debian's asterisk-core-sounds-es and -es-wav")
-    found = []
-    with gzip.open(index, "rt", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            name, sep, text = line.partition(":")
-            text = text.strip()
-            wav = sounds / f"{name.strip()}.wav"
-            if sep and not line.startswith(";") and not text.startswith("[") and "/" not in name \
-                    and len(text.split()) >= min_words and wav.exists():
-                found.append((wav, text))
-    found = sorted(found)[:count]
+    found = prompts(count, min_words, Path("/usr/share/asterisk/sounds/es_MX"),
+                    Path("/usr/share/doc/asterisk-core-sounds-es/core-sounds-es.txt.gz"),
+                    "bench dubbing --spanish needs Debian's asterisk-core-sounds-es and -es-wav")
     parts = [np.zeros(8000, np.float32)]
     spans, t = [], 0.5
     for wav, _ in found:
