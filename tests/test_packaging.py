@@ -49,7 +49,7 @@ def test_validate_finds_every_shipped_pipeline(installed):
     streamkit, cwd, env = installed
     out = run([streamkit, "validate"], cwd, env=env).stdout
     ok = {line.split(": ok: ")[1].split(":")[0] for line in out.splitlines() if ": ok: " in line}
-    assert ok == {"assistant", "dubbing", "transcribe", "video_analysis"}, out
+    assert ok == {p.stem for p in (ROOT / "pipelines").glob("*.yaml")}, out
     assert "site-packages/streamkit/pipelines" in out  # the installed copies, not the checkout's
 
 
@@ -67,6 +67,21 @@ def test_run_speech_pipelines(installed, pipeline, tmp_path):
         texts = [p for p in out_dir.glob("*.txt")]
         assert texts and any(p.read_text().strip() for p in texts)  # the llm stage wrote text
         assert (out_dir / "tts.wav").stat().st_size > 24000  # and it was spoken
+
+
+def test_run_dubbing_es_en(installed, tmp_path):
+    """Spanish in (a real es_MX telephone prompt), English text and speech out."""
+    sounds = Path("/usr/share/asterisk/sounds/es_MX")
+    if not (sounds / "agent-newlocation.wav").exists():
+        pytest.skip("asterisk-core-sounds-es-wav is not installed")
+    streamkit, cwd, env = installed
+    out_dir = tmp_path / "out"
+    run([streamkit, "run", "dubbing_es_en", "--input", sounds / "agent-newlocation.wav", "--output", out_dir],
+        cwd, env=env)
+    transcript = json.loads((out_dir / "transcript.json").read_text())
+    assert "extensi" in json.dumps(transcript, ensure_ascii=False).lower(), transcript
+    assert "extension" in (out_dir / "translate.txt").read_text().lower()  # English, from the 1.5B
+    assert (out_dir / "tts.wav").stat().st_size > 24000
 
 
 def test_run_video_analysis(installed, tmp_path):
