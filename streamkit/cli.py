@@ -50,7 +50,7 @@ def _delegate(module: str, argv: list[str]) -> int:
             print(f"streamkit: {module} is not available in this build", file=sys.stderr)
             return 2
         raise
-    main: Callable[[list[str]], int] = getattr(mod, "main")
+    main: Callable[[list[str]], int] = mod.main
     return int(main(argv) or 0)
 
 

@@ -153,7 +153,7 @@ async def run_offline(
     realtime: bool = False,
 ) -> dict[str, Any]:
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (one mkdir before the session starts)
     if redis_url:
         from streamkit.transport.redis import RedisTransport
 

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import gzip
 import wave
 from pathlib import Path
 
@@ -28,12 +27,9 @@ def require() -> None:
 
 
 def transcripts() -> dict[str, str]:
-    out = {}
-    for line in gzip.open(TRANSCRIPTS, "rt", encoding="utf-8", errors="replace"):
-        name, sep, text = line.partition(":")
-        if sep and not line.startswith(";") and not text.strip().startswith("["):
-            out[name.strip()] = text.strip()
-    return out
+    from streamkit.bench.asr_real import read_transcripts
+
+    return read_transcripts(TRANSCRIPTS)
 
 
 def load(name: str) -> np.ndarray:

@@ -74,7 +74,7 @@ async def _run_page(server, wav: Path, pipeline: str, until_js: str, timeout_s: 
                 await _wait_for(page, until_js, timeout_s)
             except Exception:
                 log = await page.inner_text("#log")
-                raise AssertionError(f"page never got there; log:\n{log}\nconsole: {console}")
+                raise AssertionError(f"page never got there; log:\n{log}\nconsole: {console}") from None
             if shot is not None:
                 await page.wait_for_timeout(1500)
                 await page.screenshot(path=str(shot), full_page=True)

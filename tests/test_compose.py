@@ -48,7 +48,7 @@ def check_command(cmd: list[str], in_compose: bool = True) -> None:
         if args.stage == "engine":
             if importlib.util.find_spec("streamkit.engine.service.worker") is None:
                 pytest.skip("streamkit.engine.service.worker has not landed yet (engine worker entry point)")
-            assert callable(getattr(importlib.import_module("streamkit.engine.service.worker"), "main"))
+            assert callable(importlib.import_module("streamkit.engine.service.worker").main)
         else:
             from streamkit.stage_worker import run_stage_worker
 

@@ -1,8 +1,20 @@
 import numpy as np
 import pytest
 
-from streamkit.frames import (AudioFrame, Control, ControlKind, EventFrame, FrameDecodeError, TextFrame, TextRole,
-                              VideoFrame, Word, decode_frame, encode_frame, frames_equal)
+from streamkit.frames import (
+    AudioFrame,
+    Control,
+    ControlKind,
+    EventFrame,
+    FrameDecodeError,
+    TextFrame,
+    TextRole,
+    VideoFrame,
+    Word,
+    decode_frame,
+    encode_frame,
+    frames_equal,
+)
 
 rng = np.random.default_rng(7)
 

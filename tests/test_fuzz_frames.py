@@ -5,8 +5,19 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamkit.frames import (AudioFrame, Control, ControlKind, EventFrame, FrameDecodeError, TextFrame, VideoFrame,
-                              Word, decode_frame, encode_frame, frames_equal)
+from streamkit.frames import (
+    AudioFrame,
+    Control,
+    ControlKind,
+    EventFrame,
+    FrameDecodeError,
+    TextFrame,
+    VideoFrame,
+    Word,
+    decode_frame,
+    encode_frame,
+    frames_equal,
+)
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
 times = st.floats(min_value=0, max_value=1e6, allow_nan=False)

@@ -1,5 +1,6 @@
 """The layer rules of docs/architecture.md, checked by import-linter on every import in
-streamkit/ (lazy ones inside functions too): the next arrow upwards fails here."""
+streamkit/ (lazy ones inside functions too): the next arrow upwards fails here. Also ruff (the
+rules in pyproject.toml) over the whole tree, and mypy on the public seams."""
 import shutil
 import subprocess
 import sys
@@ -45,3 +46,12 @@ def test_public_seams_type_check():
     out = subprocess.run([exe, "--ignore-missing-imports", "--follow-imports=silent", "--no-error-summary", *TYPED],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:]
+
+
+def test_ruff_is_clean():
+    exe = shutil.which("ruff", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("ruff is not installed (the test extra has it)")
+    out = subprocess.run([exe, "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

@@ -3,8 +3,8 @@
 import subprocess
 
 import numpy as np
-
 from audio_pipelines import RESAMPLE_GAIN, expected_resample_gain, make_flac
+
 from streamkit.media import iter_audio, read_audio
 from streamkit.offline import srt_time, to_srt
 

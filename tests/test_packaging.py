@@ -14,7 +14,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
 
 pytestmark = pytest.mark.slow

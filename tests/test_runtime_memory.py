@@ -2,8 +2,8 @@ import asyncio
 from typing import AsyncIterator, Literal
 
 import numpy as np
-
 from audio_pipelines import RESAMPLE_GAIN, expected_resample_gain, make_flac
+
 from streamkit.frames import AudioFrame, Control, ControlKind, EventFrame, Frame, TextFrame, VideoFrame
 from streamkit.media import iter_audio
 from streamkit.pipeline import parse_pipeline

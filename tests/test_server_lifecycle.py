@@ -61,7 +61,7 @@ async def test_client_that_never_reads(pipelines):
                 conn = conns[0]
                 peak_queue = max(peak_queue, len(conn.out))
                 if conn.session is not None:
-                    for name, host in conn.session.hosts.items():
+                    for _name, host in conn.session.hosts.items():
                         assert host.inbox.qsize() <= host.inbox.maxsize
             elif conn is not None:
                 break  # the server closed the stalled connection

@@ -9,8 +9,8 @@ import pytest
 import websockets
 
 from streamkit.client import StreamClient
-from streamkit.server.serve_cli import build_parser, server_from_args
 from streamkit.server.limits import Limits, Security, is_loopback
+from streamkit.server.serve_cli import build_parser, server_from_args
 from streamkit.server.testing import running_server, tone, write_pipelines
 
 

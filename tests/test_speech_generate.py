@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from speech import sentences, speech_wav
+
 from streamkit.frames import AudioFrame, Control, ControlKind, TextFrame
 from streamkit.pipeline import parse_pipeline
 from streamkit.runtime import Session

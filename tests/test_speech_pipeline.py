@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 import pytest
-
 from speech import sentences, speech_audio, synthesize
+
 from streamkit.frames import AudioFrame, EventFrame, TextFrame
 from streamkit.media import paced
 from streamkit.pipeline import parse_pipeline
@@ -76,7 +76,7 @@ def test_vad_segments_sentences():
     starts = [p["start"] for k, p in events if k == "start"]
     ends = [p["end"] for k, p in events if k == "end"]
     assert len(starts) == len(ends) == 3
-    for (s, v, e), a, b in zip(spans, starts, ends):
+    for (s, v, _e), a, b in zip(spans, starts, ends):
         assert s - 0.3 <= a <= s + 0.3 and v - 0.3 <= b <= v + 0.4
     speech = sum(len(p[1]) for k, p in events if k == "audio") / 16000
     assert speech < len(audio) / 16000 - 1.5  # silence between sentences is not passed on

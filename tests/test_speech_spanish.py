@@ -2,7 +2,6 @@
 the tts stage speaking Spanish, real Spanish speech (Asterisk es_MX prompts) through the websocket,
 and session params that the models cannot honour rejected with a clear error."""
 
-import gzip
 import hashlib
 import shutil
 import wave
@@ -94,13 +93,10 @@ def _wav(path: Path) -> tuple[np.ndarray, int]:
 def _es_prompts(names: list[str]) -> dict[str, str]:
     if not ES_TEXT.exists():
         pytest.skip("asterisk-core-sounds-es is not installed")
-    out = {}
-    with gzip.open(ES_TEXT, "rt", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            name, _, text = line.partition(":")
-            if name.strip() in names:
-                out[name.strip()] = text.strip()
-    return out
+    from streamkit.bench.asr_real import read_transcripts
+
+    texts = read_transcripts(ES_TEXT)
+    return {n: texts[n] for n in names}
 
 
 async def test_real_spanish_speech_over_the_websocket(tmp_path):

@@ -17,8 +17,8 @@ from streamkit.frames import EventFrame, VideoFrame
 from streamkit.media import iter_video
 from streamkit.pipeline import load_pipeline, parse_pipeline
 from streamkit.runtime import Session
-from streamkit.video.detect_options import FaceOptions
 from streamkit.transport import MemoryTransport
+from streamkit.video.detect_options import FaceOptions
 from streamkit.video.detectors import HaarFaceDetector, HogPeopleDetector, MotionDetector, detect_all
 from streamkit.video.scene import FixedRateSampler, SceneSampler
 from streamkit.video.synthetic import face_image_path, make_clip

@@ -53,9 +53,8 @@ async def _run(args: argparse.Namespace) -> int:
     from streamkit.bench._speech import log, match_finals, percentile, run_paced
     from streamkit.frames import TextFrame
     from streamkit.pipeline import parse_pipeline
-    from streamkit.speech import corpus
+    from streamkit.speech import corpus, whisper
     from streamkit.speech import vad as vadmod
-    from streamkit.speech import whisper
     from streamkit.speech.wer import wer
 
     texts = corpus.sentences()
@@ -81,7 +80,7 @@ async def _run(args: argparse.Namespace) -> int:
     per = match_finals(finals, spans)
     latencies = []
     hyps = []
-    for (start, voiced_end, _end), items in zip(spans, per):
+    for (_start, voiced_end, _end), items in zip(spans, per):
         hyps.append(" ".join(f.text for _, f in items))
         if items:
             latencies.append((max(c for c, _ in items) - voiced_end) * 1000)

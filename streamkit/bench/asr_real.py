@@ -30,6 +30,19 @@ output: [asr]
 """
 
 
+def read_transcripts(path: Path = TRANSCRIPTS) -> dict[str, str]:
+    """Prompt name -> its words, from an asterisk-core-sounds-<lang> transcript file (comments
+    and bracketed descriptions of tones skipped); names in subfolders keep their folder."""
+    out = {}
+    with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            name, sep, text = line.partition(":")
+            text = text.strip()
+            if sep and not line.startswith(";") and not text.startswith("["):
+                out[name.strip()] = text
+    return out
+
+
 def prompts(limit: int, min_words: int = 4, sounds: Path = SOUNDS, transcripts: Path = TRANSCRIPTS,
             missing: str = "bench asr --real needs Debian's asterisk-core-sounds-en and asterisk-core-sounds-en-wav",
             ) -> list[tuple[Path, str]]:
@@ -38,15 +51,10 @@ def prompts(limit: int, min_words: int = 4, sounds: Path = SOUNDS, transcripts: 
     if not transcripts.exists() or not sounds.exists():
         raise SystemExit(missing)
     found = []
-    with gzip.open(transcripts, "rt", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            name, sep, text = line.partition(":")
-            text = text.strip()
-            if not sep or line.startswith(";") or text.startswith("[") or "/" in name:
-                continue
-            wav = sounds / f"{name.strip()}.wav"
-            if wav.exists() and len(text.split()) >= min_words:
-                found.append((wav, text))
+    for name, text in read_transcripts(transcripts).items():
+        wav = sounds / f"{name}.wav"
+        if "/" not in name and wav.exists() and len(text.split()) >= min_words:
+            found.append((wav, text))
     found.sort(key=lambda p: p[0].name)
     return found[:limit]
 
@@ -69,7 +77,8 @@ async def run(files: int, model: str, threads: int, silence_ms: int, peer: bool,
     whisper.get_whisper(None if model == "tiny.en" else model, threads, "int8")
     refs, hyps, latencies, audio_s = [], [], [], 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "real.yaml").write_text(PIPELINE.format(silence=silence_ms, model=model, threads=threads, beam=final_beam))
+        pipeline = PIPELINE.format(silence=silence_ms, model=model, threads=threads, beam=final_beam)
+        Path(tmp, "real.yaml").write_text(pipeline)  # noqa: ASYNC240 (before the server starts)
         async with running_server(tmp) as server:
             for wav, text in items:
                 audio, rate = read_wav(wav)

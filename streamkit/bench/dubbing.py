@@ -71,7 +71,7 @@ async def _run(args: argparse.Namespace) -> int:
     per = match_finals(finals, spans)
     first_audio, first_text, final_lat = [], [], []
     translations, starts = [], []
-    for (start, voiced_end, _end), items in zip(spans, per):
+    for (_start, voiced_end, _end), items in zip(spans, per):
         if not items:
             continue
         utts = {f.utterance for _, f in items}

@@ -250,12 +250,7 @@ async def soak(args, url: str, watch: ProcWatch, audio: np.ndarray) -> dict[str,
     stop.set()
     await sampler
     rss_end = watch.rss_mb()
-    health = None
-    try:
-        with urllib.request.urlopen(url.replace("ws://", "http://").replace("/ws", "/healthz"), timeout=5) as r:
-            health = json.loads(r.read())
-    except OSError:
-        pass
+    health = await asyncio.to_thread(_healthz, url.replace("ws://", "http://").replace("/ws", "/healthz"))
     growth = (rss_end - rss_start) if (rss_end is not None and rss_start is not None) else None
     return {
         "bench": "serve-soak", "pipeline": args.pipeline, "soak_s": args.soak, "concurrency": args.sessions,
@@ -317,3 +312,11 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def _healthz(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.loads(r.read())
+    except OSError:
+        return None

@@ -101,7 +101,7 @@ async def run_pipeline(spec, live: bool) -> dict[str, Any]:
     from streamkit.transport import MemoryTransport
 
     session = await Session.open(spec, MemoryTransport(), params={"live": live})
-    while not all(getattr(h, "_started", True) for h in session.hosts.values()):
+    while not all(getattr(h, "_started", True) for h in session.hosts.values()):  # noqa: ASYNC110 (hosts expose no event)
         await asyncio.sleep(0.01)  # detectors loaded: time decode + analysis only
     capture = spec.stages[0].name
     frames = detections = 0

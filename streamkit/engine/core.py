@@ -14,21 +14,22 @@ from collections import deque
 
 import torch
 
+from streamkit.engine.batch import build_step
+from streamkit.engine.chat_template import ChatTemplate
 from streamkit.engine.gguf_loader import load_gguf
 from streamkit.engine.kv_cache import PagedKVCache
 from streamkit.engine.linear import resolve_weights
 from streamkit.engine.model import LlamaModel
-from streamkit.engine.native.model import MODES as NATIVE_MODES, NativeLlamaModel
-from streamkit.engine.sampler import make_generator, sample_batch
-from streamkit.engine.scheduler import Scheduler
-from streamkit.engine.batch import build_step
+from streamkit.engine.native.model import MODES as NATIVE_MODES
+from streamkit.engine.native.model import NativeLlamaModel
 from streamkit.engine.options import resolve_options
 from streamkit.engine.output import OutputProcessor
+from streamkit.engine.sampler import make_generator, sample_batch
+from streamkit.engine.scheduler import Scheduler
 from streamkit.engine.sequence import Sequence, State
 from streamkit.engine.speculative import propose_ngram
 from streamkit.engine.stop import StopChecker
 from streamkit.engine.tokenizer import IncrementalDecoder, Tokenizer
-from streamkit.engine.chat_template import ChatTemplate
 from streamkit.engine.wakeups import BatchedWakeups
 
 log = logging.getLogger("streamkit.engine")

@@ -54,6 +54,7 @@ class Tokenizer:
         self.token_type: list[int] = list(metadata.get("tokenizer.ggml.token_type", [1] * len(self.tokens)))
         merges = list(metadata.get("tokenizer.ggml.merges", []))
         self.vocab = {t: i for i, t in enumerate(self.tokens)}
+        self._bpe = lru_cache(maxsize=65536)(self._bpe_uncached)  # per instance: a method cache would keep self alive
         self.bos_id = metadata.get("tokenizer.ggml.bos_token_id")
         self.eos_id = metadata.get("tokenizer.ggml.eos_token_id")
         self.pad_id = metadata.get("tokenizer.ggml.padding_token_id")
@@ -100,7 +101,8 @@ class Tokenizer:
             return t.encode("utf-8")
 
     def _build_fast(self, merges):
-        from tokenizers import Regex, Tokenizer as HFTok, decoders, models, pre_tokenizers
+        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTok
 
         bpe = models.BPE(vocab=self.vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
                          ignore_merges=False)
@@ -112,8 +114,7 @@ class Tokenizer:
         return tok
 
     # ---- BPE (pure python) ----
-    @lru_cache(maxsize=65536)
-    def _bpe(self, word: str) -> tuple[int, ...]:
+    def _bpe_uncached(self, word: str) -> tuple[int, ...]:
         parts = list(word)
         rank = self._merge_rank
         while len(parts) > 1:

@@ -57,7 +57,7 @@ def synthesize_sentence(tts: Any, text: str, speed: float = 1.0, seed: int | Non
 # --------------------------------------------------------------- streaming sentence split
 _END = re.compile(r"[.!?…。！？]+[\"'”’)\]]*(?=\s)|\n+")
 _CLAUSE = re.compile(r"[,;:—]+(?=\s)")
-_TITLES = {"mr", "mrs", "ms", "dr", "st", "prof", "sr", "jr", "vs", "etc", "e.g", "i.e", "sra", "sr"}
+_TITLES = {"mr", "mrs", "ms", "dr", "st", "prof", "sr", "jr", "vs", "etc", "e.g", "i.e", "sra"}
 
 
 class SentenceSplitter:

@@ -28,12 +28,13 @@ from typing import AsyncIterator, Literal
 import numpy as np
 from pydantic import Field
 
+from streamkit import events
 from streamkit.audio import StreamResampler
 from streamkit.frames import AudioFrame, EventFrame, Frame, TextFrame, TextRole, Word
 from streamkit.stage import Stage, StageConfig, register_stage
 
 RATE = 16000
-_EVENTS = ("speech_start", "speech_pause", "speech_resume", "speech_end")
+_EVENTS = (events.SPEECH_START, events.SPEECH_PAUSE, events.SPEECH_RESUME, events.SPEECH_END)
 
 
 class _Utterance:
@@ -254,24 +255,24 @@ class ASR(Stage):
 
     async def process(self, frame: Frame) -> AsyncIterator[Frame]:
         if isinstance(frame, EventFrame):
-            if frame.name == "speech_start":
+            if frame.name == events.SPEECH_START:
                 if self.utt is not None and self.utt.length:
                     for out in await self._finish():
                         yield out
                 self._begin(frame.data.get("start", frame.pts))
                 yield frame
-            elif frame.name == "speech_pause":
+            elif frame.name == events.SPEECH_PAUSE:
                 yield frame
                 utt = self.utt
                 if utt is not None and self.config.speculative and utt.length >= RATE // 5:
                     utt.paused = True
                     self._spec, self._spec_meta = self._launch(utt, final=True)
-            elif frame.name == "speech_resume":
+            elif frame.name == events.SPEECH_RESUME:
                 yield frame
                 if self.utt is not None:
                     self.utt.paused = False
                 self._drop_spec()
-            elif frame.name == "speech_end":
+            elif frame.name == events.SPEECH_END:
                 yield frame
                 for out in await self._finish():
                     yield out

@@ -114,7 +114,7 @@ class Detect(Stage):
                 built.append(d.MotionDetector(**c.motion.model_dump()))
             elif kind == "onnx":
                 o = c.onnx.model_dump()
-                session = shared(("onnx", o["path"], o["threads"]), lambda: load_onnx_session(o["path"], o["threads"]))
+                session = shared(("onnx", o["path"], o["threads"]), lambda o=o: load_onnx_session(o["path"], o["threads"]))
                 built.append(OnnxDetector(session=session, **o))
         return built
 

@@ -18,11 +18,15 @@ from typing import AsyncIterator, Literal
 import numpy as np
 from pydantic import Field
 
+from streamkit import events
 from streamkit.audio import StreamResampler
 from streamkit.frames import AudioFrame, Control, ControlKind, EventFrame, Frame
 from streamkit.stage import Stage, StageConfig, register_stage
 
 RATE = 16000
+# the segmenter's (speech/vad.py) event kinds -> the events downstream stages see
+_SPEECH_EVENT = {"start": events.SPEECH_START, "pause": events.SPEECH_PAUSE, "resume": events.SPEECH_RESUME,
+                 "end": events.SPEECH_END}
 
 
 @register_stage("vad")
@@ -54,10 +58,10 @@ class VAD(Stage):
         self.resampler = StreamResampler(RATE)
         self._origin: float | None = None  # pts of the first input sample
 
-    def _frames(self, events: list, pts_fallback: float) -> list[Frame]:
+    def _frames(self, segmented: list, pts_fallback: float) -> list[Frame]:
         out: list[Frame] = []
         origin = self._origin or 0.0
-        for kind, payload in events:
+        for kind, payload in segmented:
             if kind == "audio":
                 if self.config.pass_audio == "speech":
                     at, samples = payload
@@ -65,7 +69,7 @@ class VAD(Stage):
                 continue
             data = {k: round(origin + v, 3) for k, v in payload.items()}
             pts = data.get("start", data.get("at", pts_fallback)) if kind != "end" else data["end"]
-            out.append(EventFrame(f"speech_{kind}", data, pts=pts))
+            out.append(EventFrame(_SPEECH_EVENT[kind], data, pts=pts))
             if kind == "start" and self.config.interrupt_on_speech:
                 out.append(Control(ControlKind.INTERRUPT, pts=pts))
             if kind == "end":

@@ -136,7 +136,8 @@ class RedisTransport:
             await ensure_group(r, work_key(name), WORK_GROUP)
             announcement = {"session": session_id, "stage": name,
                             "spec": msgpack.packb(spec.raw), "params": msgpack.packb(params)}
-            await retrying(lambda: r.xadd(work_key(name), announcement), "announce", self.retry_s)
+            await retrying(lambda name=name, announcement=announcement: r.xadd(work_key(name), announcement), "announce",
+                           self.retry_s)
 
         async def close() -> None:
             state.closed = True

@@ -194,7 +194,8 @@ class RedisInbox:
             start = "0-0"
             while True:
                 result = await retrying(
-                    lambda: self.r.xautoclaim(key, GROUP, self.consumer, min_idle_time=0, start_id=start, count=100),
+                    lambda key=key, start=start: self.r.xautoclaim(key, GROUP, self.consumer, min_idle_time=0,
+                                                             start_id=start, count=100),
                     "xautoclaim", self.retry_s)
                 next_start, entries = result[0], result[1]
                 await self._accept(key, entries)
