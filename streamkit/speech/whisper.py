@@ -105,7 +105,7 @@ class WindowDecoder:
         self.suppress = get_suppressed_tokens(self.tokenizer, [-1])
 
     def decode(self, audio: np.ndarray, prompt: str = "", max_new_tokens: int = 160,
-               beam_size: int | None = None) -> Decoded:
+               beam_size: int | None = None, full_context: bool | None = None) -> Decoded:
         import ctranslate2
 
         audio = np.asarray(audio, dtype=np.float32)
@@ -115,7 +115,7 @@ class WindowDecoder:
         fe = self.model.feature_extractor
         feats = fe(audio, padding=0)  # (80, n)
         content = min(feats.shape[1], MAX_FRAMES)
-        if self.full_context:
+        if self.full_context if full_context is None else full_context:
             n = MAX_FRAMES
         else:
             n = min(MAX_FRAMES, int(np.ceil((content + self.pad_frames) / 100.0)) * 100)
