@@ -233,6 +233,9 @@ def main(argv: list[str]) -> int:
                 mine["decode_tok_s_in_answers"] / peer["decode_tok_s_in_answers"], 3)
         if mine and peer:
             result[f"{key}latency_ratio_vs_llamacpp"] = round(peer["latency_ms_mean"] / mine["latency_ms_mean"], 3)
+    if ours and by.get(spec_name):  # greedy: speculative decoding should not change a word
+        same = sum(a == b for a, b in zip(ours["outputs"], by[spec_name]["outputs"]))
+        result["speculative_same_outputs"] = f"{same}/{len(pairs)}"
     result["loadavg_end"] = list(os.getloadavg())
     if not args.json:
         for r in runs:

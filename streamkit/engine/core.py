@@ -104,7 +104,8 @@ class EngineCore:
 
             self.drafter = DraftRunner(resolve_model(opts.draft_model), self.metadata, cfg.vocab_size, mode,
                                        self.device, num_blocks, opts.block_size, opts.prefix_caching,
-                                       opts.max_batched_tokens, opts.attn_backend)
+                                       opts.max_batched_tokens, opts.attn_backend,
+                                       narrow=opts.draft_q4, stop_p=opts.draft_stop_p)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.delivery = BatchedWakeups()  # what the sequences' emit() posts to asyncio loops, flushed per step
         self._seqs: dict[int, Sequence] = {}
