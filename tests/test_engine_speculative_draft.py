@@ -146,6 +146,25 @@ def test_draft_with_preemption_in_a_small_pool_stays_plain_decoding():
 
 
 @needs_smollm
+def test_a_prompt_longer_than_the_step_budget_catches_the_draft_up_over_several_steps():
+    """A 64-token step budget and ~200-token prompts: the draft's catch-up is split over steps (the
+    sequence decodes plainly meanwhile, some steps give the draft no logits at all) and the output
+    is still the plain engine's."""
+    kw = {"weights": "native-fp32", "kv_cache_tokens": 4096, "max_batched_tokens": 64}
+    text = " ".join(f"Item {i} is a {'red' if i % 2 else 'blue'} box." for i in range(30))
+    prompts = [f"{text} Which items are red?", f"{text} Summarise the list."]
+    plain = Engine(default_model_path(), "cpu", **kw)
+    spec = Engine(default_model_path(), "cpu", speculative="draft", draft_model=SMOLLM, **kw)
+    try:
+        expected = _generate(plain, prompts, max_tokens=24)
+        assert _generate(spec, prompts, concurrent=True, max_tokens=24) == expected
+        assert spec.stats()["spec_accepted_tokens"] > 0
+    finally:
+        plain.close()
+        spec.close()
+
+
+@needs_smollm
 @needs_draft
 def test_a_draft_with_another_vocabulary_is_refused():
     eng = Engine(default_model_path(), "cpu", speculative="draft", draft_model="qwen2.5-coder-0.5b")
