@@ -102,7 +102,7 @@ def test_self_draft_greedy_is_plain_decoding_and_fully_accepted(weights):
         assert st["spec_proposed_tokens"] > 50 and st["spec_acceptance"] == 1.0
         assert st["prefix_cache_hit_tokens"] > 0 and st["draft_prefix_cache_hit_tokens"] > 0
         assert st["steps"] < sum(len(t) for t in expected)  # several tokens per step
-        assert st["kv_blocks_free"] == st["kv_blocks_total"]
+        assert st["kv_blocks_free"] == st["kv_blocks_total"] == st["draft_kv_blocks_free"]  # target's and draft's
     finally:
         plain.close()
         spec.close()
@@ -139,7 +139,7 @@ def test_draft_with_preemption_in_a_small_pool_stays_plain_decoding():
         assert got == expected
         st = spec.stats()
         assert st["preemptions"] > 0 and st["spec_accepted_tokens"] > 0
-        assert st["kv_blocks_free"] == st["kv_blocks_total"]
+        assert st["kv_blocks_free"] == st["kv_blocks_total"] == st["draft_kv_blocks_free"]
     finally:
         plain.close()
         spec.close()

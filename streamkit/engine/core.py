@@ -206,6 +206,8 @@ class EngineCore:
             seq = self._seqs.pop(payload, None)
             if seq is not None:
                 self.scheduler.free(seq)
+                if self.drafter is not None:
+                    self.drafter.gc()
                 seq.finish_reason = "cancelled"
                 seq.emit("done", {"finish_reason": "cancelled"})
 
@@ -311,5 +313,7 @@ class EngineCore:
             produced += len(plain)
         for seq, r0, rows in drafts:
             produced += self.output.verify(seq, logits[r0:r0 + rows], now)
+        if self.drafter is not None:
+            self.drafter.gc()  # the draft KV of sequences that finished this step
         self._recent.append((now, produced))
         self.tokens_generated += produced

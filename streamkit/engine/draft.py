@@ -134,7 +134,8 @@ class DraftRunner:
         _, st = self.states.pop(seq_id)
         self.cache.free(st.blocks)
 
-    def _gc(self) -> None:
+    def gc(self) -> None:
+        """Free the draft states of finished or cancelled sequences."""
         for sid in [sid for sid, (seq, _) in self.states.items() if seq.state is State.FINISHED]:
             self._release(sid)
 
@@ -215,7 +216,7 @@ class DraftRunner:
         `seq.draft`, with `seq.draft_q` for sampled requests). A sequence whose catch-up does not fit
         in this step's token budget only advances its draft K/V. Returns the number of sequences
         that got a draft."""
-        self._gc()
+        self.gc()
         budget = self.max_batched_tokens
         chunks: list[tuple[DraftState, int]] = []
         active: list[tuple[Sequence, DraftState, int]] = []
