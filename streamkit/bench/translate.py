@@ -3,7 +3,9 @@ translations (tests/data/translate_en_es.tsv). chrF (sacrebleu) and latency per 
 first token for SmolLM2-135M and Qwen2.5-Coder-1.5B on our engine, Debian's rule-based apertium
 (eng-spa) as a non-LLM peer, and the same 1.5B GGUF on llama.cpp (xllamacpp) in the same run, with
 the same prompt and greedy decoding. Each LLM is warmed with one sentence first, so its system
-prompt and examples are prefix-cached as they are in a dubbing session."""
+prompt and examples are prefix-cached as they are in a dubbing session. `--speculative draft` adds the
+1.5B with speculative decoding (its packaged 0.5B draft) to the same run, with the acceptance rate
+and its speed against llama.cpp's plain decode."""
 
 from __future__ import annotations
 
@@ -85,10 +87,11 @@ async def _ours_decode_rate(eng, n: int = 64) -> float:
     return round((len(t) - 1) / (t[-1] - t[0]), 2)
 
 
-def run_ours(name: str, model_path: str, pairs, weights: str | None, repetition_penalty: float) -> dict:
+def run_ours(name: str, model_path: str, pairs, weights: str | None, repetition_penalty: float,
+             **engine_options) -> dict:
     from streamkit.engine import Engine, SamplingParams
 
-    eng = Engine(model_path, "cpu", weights=weights, kv_cache_tokens=8192)
+    eng = Engine(model_path, "cpu", weights=weights, kv_cache_tokens=8192, **engine_options)
     t0 = time.perf_counter()
     eng.load()
     load_s = time.perf_counter() - t0
@@ -101,13 +104,16 @@ def run_ours(name: str, model_path: str, pairs, weights: str | None, repetition_
 
     try:
         res, rate = asyncio.run(go())
+        st = eng.stats()
     finally:
         eng.close()
+    spec = {k: st.get(k) for k in ("speculative", "spec_k", "spec_proposed_tokens", "spec_acceptance", "steps",
+                                   "tokens_generated", "draft_forward_s")} if st.get("speculative") else {}
     toks = sum(r[3] - 1 for r in res)
     dec_s = sum(r[4] for r in res)
     return _summary(name, [r[0] for r in res], [es for _, es in pairs], [r[1] for r in res],
                     [r[2] for r in res if r[2] is not None], load_s=round(load_s, 1),
-                    decode_tok_s_in_answers=round(toks / dec_s, 2) if dec_s else None, decode_tok_s_64=rate)
+                    decode_tok_s_in_answers=round(toks / dec_s, 2) if dec_s else None, decode_tok_s_64=rate, **spec)
 
 
 def run_apertium(pairs) -> dict:
@@ -181,6 +187,10 @@ def main(argv: list[str]) -> int:
                     help="comma-separated subset of smollm2, qwen, apertium, llamacpp")
     ap.add_argument("--weights", default=None, help="engine weight mode (default: auto)")
     ap.add_argument("--repetition-penalty", type=float, default=1.0)
+    ap.add_argument("--speculative", choices=["draft", "ngram"], default=None,
+                    help="also run the 1.5B with speculative decoding (draft: its packaged 0.5B draft)")
+    ap.add_argument("--spec-k", type=int, default=None, help="tokens proposed per step (default: the engine's)")
+    ap.add_argument("--draft-model", default=None, help="draft model name or GGUF path (default: qwen2.5-coder-0.5b)")
     args = ap.parse_args(argv)
     pairs = load_pairs(args.data)[: args.limit or None]
     systems = args.systems.split(",")
@@ -197,21 +207,35 @@ def main(argv: list[str]) -> int:
         runs.append(run_ours("ours SmolLM2-135M Q4_1", default_model_path(), pairs, args.weights,
                              args.repetition_penalty))
     qwen = None
-    if "qwen" in systems or "llamacpp" in systems:
+    if "qwen" in systems or "llamacpp" in systems or args.speculative:
         from streamkit.engine.model_store import ensure_model
 
         qwen = ensure_model()
     if "qwen" in systems:
         log("ours: Qwen2.5-Coder-1.5B ...")
         runs.append(run_ours("ours Qwen2.5-Coder-1.5B Q4_K_M", qwen, pairs, args.weights, args.repetition_penalty))
+    spec_name = f"ours Qwen2.5-Coder-1.5B Q4_K_M, speculative {args.speculative}"
+    if args.speculative:
+        log(f"ours: Qwen2.5-Coder-1.5B, speculative {args.speculative} ...")
+        runs.append(run_ours(spec_name, qwen, pairs, args.weights, args.repetition_penalty,
+                             speculative=args.speculative, spec_k=args.spec_k, draft_model=args.draft_model))
     if "llamacpp" in systems:
         log("llama.cpp: Qwen2.5-Coder-1.5B ...")
         runs.append(run_llamacpp(qwen, pairs, threads))
     result["runs"] = runs
     by = {r["system"]: r for r in runs}
     ours, peer = by.get("ours Qwen2.5-Coder-1.5B Q4_K_M"), by.get("llama.cpp (xllamacpp)")
-    if ours and peer and peer.get("decode_tok_s_64"):
-        result["decode_ratio_vs_llamacpp"] = round(ours["decode_tok_s_64"] / peer["decode_tok_s_64"], 3)
+    for key, mine in (("", ours), ("speculative_", by.get(spec_name))):
+        if mine and peer and peer.get("decode_tok_s_64"):
+            result[f"{key}decode_ratio_vs_llamacpp"] = round(mine["decode_tok_s_64"] / peer["decode_tok_s_64"], 3)
+        if mine and peer and peer.get("decode_tok_s_in_answers") and mine.get("decode_tok_s_in_answers"):
+            result[f"{key}answer_decode_ratio_vs_llamacpp"] = round(
+                mine["decode_tok_s_in_answers"] / peer["decode_tok_s_in_answers"], 3)
+        if mine and peer:
+            result[f"{key}latency_ratio_vs_llamacpp"] = round(peer["latency_ms_mean"] / mine["latency_ms_mean"], 3)
+    if ours and by.get(spec_name):  # greedy: speculative decoding should not change a word
+        same = sum(a == b for a, b in zip(ours["outputs"], by[spec_name]["outputs"]))
+        result["speculative_same_outputs"] = f"{same}/{len(pairs)}"
     result["loadavg_end"] = list(os.getloadavg())
     if not args.json:
         for r in runs:

@@ -94,9 +94,19 @@ class EngineCore:
             self.graphs = CUDAGraphRunner(self.model, gmax, self.cache.blocks_needed(self.max_model_len),
                                           emulate=emulate)
             self.graphs.capture()
-        # speculative decoding (speculative.py): "ngram" proposes up to spec_k tokens per step by prompt lookup
+        # speculative decoding (speculative.py): up to spec_k tokens per step proposed by prompt lookup
+        # ("ngram") or by a draft model with its own paged KV cache ("draft", draft.py)
         self.speculative = opts.speculative
         self.spec_k = opts.spec_k
+        self.drafter = None
+        if opts.speculative == "draft":
+            from streamkit.engine.draft import DraftRunner
+            from streamkit.engine.model_store import resolve_model
+
+            self.drafter = DraftRunner(resolve_model(opts.draft_model), self.metadata, cfg.vocab_size, mode,
+                                       self.device, num_blocks, opts.block_size, opts.prefix_caching,
+                                       opts.max_batched_tokens, opts.attn_backend,
+                                       narrow=opts.draft_q4, stop_p=opts.draft_stop_p)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.delivery = BatchedWakeups()  # what the sequences' emit() posts to asyncio loops, flushed per step
         self._seqs: dict[int, Sequence] = {}
@@ -160,6 +170,9 @@ class EngineCore:
             "spec_accepted_tokens": self.output.spec_accepted,
             "spec_acceptance": (round(self.output.spec_accepted / self.output.spec_proposed, 4)
                                 if self.output.spec_proposed else None),
+            "speculative": self.speculative,
+            "spec_k": self.spec_k if self.speculative else None,
+            **(self.drafter.stats() if self.drafter is not None else {}),
             "kv_blocks_total": self.cache.num_blocks - 1,
             "device": str(self.device),
             "weights": self.model.weights,
@@ -194,6 +207,8 @@ class EngineCore:
             seq = self._seqs.pop(payload, None)
             if seq is not None:
                 self.scheduler.free(seq)
+                if self.drafter is not None:
+                    self.drafter.gc()
                 seq.finish_reason = "cancelled"
                 seq.emit("done", {"finish_reason": "cancelled"})
 
@@ -223,16 +238,25 @@ class EngineCore:
 
     # ---------------------------------------------------------------- one step
     def _propose(self) -> None:
-        """Append a draft to every running sequence about to decode one token (n-gram lookup)."""
+        """Append a draft to every running sequence about to decode one token (n-gram lookup or
+        the draft model, batched over the sequences)."""
+        work = []
         for seq in self.scheduler.running:
             if seq.n_uncomputed != 1 or seq.draft:
                 continue
             room = min(self.spec_k, seq.params.max_tokens - seq.n_generated - 1,
                        self.max_model_len - len(seq.tokens) - 1)
-            draft = propose_ngram(seq.tokens, room) if room > 0 else []
+            if room <= 0:
+                continue
+            if self.drafter is not None:
+                work.append((seq, room))
+                continue
+            draft = propose_ngram(seq.tokens, room)
             if draft:
                 seq.draft = draft
                 seq.tokens.extend(draft)
+        if work:
+            self.drafter.propose(work)
 
     def step(self) -> None:
         if self.speculative:
@@ -290,5 +314,7 @@ class EngineCore:
             produced += len(plain)
         for seq, r0, rows in drafts:
             produced += self.output.verify(seq, logits[r0:r0 + rows], now)
+        if self.drafter is not None:
+            self.drafter.gc()  # the draft KV of sequences that finished this step
         self._recent.append((now, produced))
         self.tokens_generated += produced

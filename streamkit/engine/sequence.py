@@ -42,11 +42,13 @@ class Sequence:
     t_first: float | None = None
     n_generated: int = 0
     draft: list[int] = field(default_factory=list)  # speculative tokens at the end of `tokens`, unverified
+    draft_q: list | None = None  # a sampled draft's distributions, one [V] tensor per draft token
 
     def drop_draft(self) -> None:
         if self.draft:
             del self.tokens[-len(self.draft):]
             self.draft = []
+        self.draft_q = None
 
     def __post_init__(self):
         if not self.tokens:

@@ -1,9 +1,10 @@
 """Speculative decoding: a cheap proposal of the next k tokens, checked by the target model in one
 batched step, so several tokens can come out of one forward pass.
 
-Proposals here come from n-gram prompt lookup (no draft model): the last n tokens (n = 3, 2, 1) are
-looked up earlier in the sequence's own context and the tokens that followed them are proposed.
-It pays off where output repeats its input (summaries, answers quoting the question, code).
+Proposals come from a draft model (draft.py: a small model with the target's vocabulary, its own
+paged KV cache) or, where no draft model fits, from n-gram prompt lookup (here): the last n tokens
+(n = 3, 2, 1) are looked up earlier in the sequence's own context and the tokens that followed them
+are proposed. Prompt lookup pays off where output repeats its input (summaries, quotes, code).
 
 Verification keeps the output distribution exactly the target's (the standard rejection rule,
 Leviathan et al. / Chen et al. 2023): draft token d, proposed with probability q(d), is accepted with
@@ -57,10 +58,12 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor | None, draft: int,
 
 
 def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams, prev: list[int],
-           generator: torch.Generator | None) -> list[int]:
+           generator: torch.Generator | None, qs: list[torch.Tensor] | None = None) -> list[int]:
     """The tokens a step with `draft` produces: the accepted prefix of the draft, then one token
     from the target (the correction at the first rejection, or the bonus after a full accept).
-    logits: [len(draft) + 1, V] float32, row i predicting the token after prev + draft[:i]."""
+    logits: [len(draft) + 1, V] float32, row i predicting the token after prev + draft[:i].
+    qs: the draft model's distribution each draft token was sampled from, or None for a
+    deterministic proposal (greedy drafts, prompt lookup)."""
     out: list[int] = []
     for i, d in enumerate(draft):
         context = prev + out
@@ -70,7 +73,8 @@ def verify(logits: torch.Tensor, draft: list[int], params: SamplingParams, prev:
             if tok != d:
                 return out
             continue
-        accepted, tok = accept_or_resample(target_probs(logits[i].float(), params, context), None, d, generator)
+        accepted, tok = accept_or_resample(target_probs(logits[i].float(), params, context),
+                                           qs[i] if qs else None, d, generator)
         out.append(tok)
         if not accepted:
             return out
