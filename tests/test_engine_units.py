@@ -4,7 +4,7 @@ import torch
 from streamkit.engine.kv_cache import BlockAllocator, PagedKVCache
 from streamkit.engine.paged_attention import decode_attention_hm, decode_attention_torch, decode_plan, prefill_attention
 from streamkit.engine.params import SamplingParams
-from streamkit.engine.sampler import apply_repetition_penalty, make_generator, sample_batch, sample_one
+from streamkit.engine.sampling import apply_repetition_penalty, make_generator, sample_batch, sample_one
 from streamkit.engine.stop import StopChecker
 
 

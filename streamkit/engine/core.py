@@ -24,7 +24,7 @@ from streamkit.engine.native.model import MODES as NATIVE_MODES
 from streamkit.engine.native.model import NativeLlamaModel
 from streamkit.engine.options import resolve_options
 from streamkit.engine.output import OutputProcessor
-from streamkit.engine.sampler import make_generator, sample_batch
+from streamkit.engine.sampling import make_generator, sample_batch
 from streamkit.engine.scheduler import Scheduler
 from streamkit.engine.sequence import Sequence, State
 from streamkit.engine.speculative import propose_ngram

@@ -31,7 +31,7 @@ import torch
 from streamkit.engine.batch import build_step
 from streamkit.engine.gguf_loader import load_gguf, read_metadata
 from streamkit.engine.kv_cache import PagedKVCache
-from streamkit.engine.sampler import sample_batch, target_probs
+from streamkit.engine.sampling import sample_batch, target_probs
 from streamkit.engine.scheduler import ScheduledStep
 from streamkit.engine.sequence import Sequence, State
 

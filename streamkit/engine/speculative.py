@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from streamkit.engine.params import SamplingParams
-from streamkit.engine.sampler import apply_repetition_penalty, sample_one, target_probs
+from streamkit.engine.sampling import apply_repetition_penalty, sample_one, target_probs
 
 
 def propose_ngram(tokens: list[int], k: int, max_n: int = 3, min_n: int = 1, window: int = 1024) -> list[int]:
