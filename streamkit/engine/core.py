@@ -48,7 +48,7 @@ class EngineCore:
 
             self._tuner = ThreadTuner(torch.get_num_threads())
         t0 = time.perf_counter()
-        mode = resolve_weights(opts.weights, cuda)
+        mode = resolve_weights(opts.weights, cuda, native_isa=opts.native_isa)
         native_mode = mode in NATIVE_MODES
         if native_mode and cuda:
             raise ValueError(f"weights={mode!r} runs on the CPU only")
@@ -59,7 +59,7 @@ class EngineCore:
         self.tokenizer = Tokenizer(gm.metadata)
         self.chat_template = ChatTemplate.from_metadata(gm.metadata, self.tokenizer.tokens)
         if native_mode:
-            self.model = NativeLlamaModel(gm, mode)
+            self.model = NativeLlamaModel(gm, mode, isa=opts.native_isa)
             self.model.reuse_logits = True  # step() samples from the logits before the next forward
         else:
             self.model = LlamaModel(gm, self.device, weights=mode, attn_backend=opts.attn_backend)

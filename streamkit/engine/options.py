@@ -1,6 +1,6 @@
 """An engine's settings, resolved in one place: what the caller passed, else the environment
 (STREAMKIT_ENGINE_THREADS, STREAMKIT_KV_TOKENS, STREAMKIT_PREFIX_CACHING, STREAMKIT_SPECULATIVE,
-STREAMKIT_SPEC_K), else the device's default. The KV cache size left unset here is derived from
+STREAMKIT_SPEC_K, STREAMKIT_NATIVE_ISA), else the device's default. The KV cache size left unset here is derived from
 the model and the free memory once the model is loaded (EngineCore)."""
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class EngineOptions:
     prefix_caching: bool
     speculative: str | None  # "ngram" or None
     spec_k: int
+    native_isa: str | None  # the native kernels' path (amx | avx512 | avx2); None: the best the CPU has
 
 
 def resolve_options(device: torch.device, weights: str | None = None, kv_cache_tokens: int | None = None,
@@ -39,11 +40,14 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
                     max_model_len: int | None = None, cuda_graphs: bool | str | None = None,
                     attn_backend: str | None = None, threads: int | None = None, kv_dtype: str | None = None,
                     prefix_caching: bool | None = None, speculative: str | None = None,
-                    spec_k: int | None = None) -> EngineOptions:
+                    spec_k: int | None = None, native_isa: str | None = None) -> EngineOptions:
     cuda = device.type == "cuda"
     speculative = speculative if speculative is not None else (os.environ.get("STREAMKIT_SPECULATIVE") or None)
     if speculative not in (None, "ngram"):
         raise ValueError(f"speculative must be 'ngram' or None, got {speculative!r}")
+    from streamkit.engine.native import requested_isa
+
+    native_isa = requested_isa(native_isa)  # ValueError for a name that is no path
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if kv_dtype is not None and kv_dtype not in dtypes:
         raise ValueError(f"kv_dtype must be one of {sorted(dtypes)}, got {kv_dtype!r}")
@@ -61,4 +65,5 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
         prefix_caching=prefix_caching if prefix_caching is not None else _env_int("STREAMKIT_PREFIX_CACHING", 1) != 0,
         speculative=speculative,
         spec_k=spec_k or _env_int("STREAMKIT_SPEC_K", 4),
+        native_isa=native_isa,
     )
