@@ -3,7 +3,8 @@
 Same contract as `LlamaModel.forward(StepBatch)`; weights stay in the GGUF's own block formats.
 Two modes:
   native       fp32 activations, float16 KV cache; steps of at least `bf16_min_rows` rows multiply in
-               bf16 (fp32 accumulation) on AMX tiles or with vdpbf16ps, where the path has them (see
+               bf16 (fp32 accumulation) on AMX tiles or with vdpbf16ps, or from `int8_min_rows` with
+               int8 VNNI on two-term int8 activations, where the path has them (see
                streamkit.engine.native), fewer rows dequantize into fp32 FMAs. The CPU default.
   native-fp32  fp32 FMAs for every step and a float32 KV cache: the same arithmetic as the fp32
                reference up to summation order (greedy output equals transformers' token for token on
@@ -35,11 +36,15 @@ AMX_MIN_ROWS = 6
 # fp32 FMAs (16 each), so it ties the fp32 strips at 16 rows (gate+up matmul, 1 thread: 602 vs 628
 # us) and loses below (8 rows: 616 vs 390 us). Zen 4/5 run vdpbf16ps at FMA speed.
 DPBF16_MIN_ROWS = 12
-# The int8 path (the avx512 path where the CPU has AVX512_VNNI; activations quantized to int8 per
-# block of 32 values, as llama.cpp does): 2.7x the fp32 strips at 16 rows here (221 vs 628 us),
-# but it fails the greedy-agreement gate (docs/engine.md), so it is opt-in: STREAMKIT_NATIVE_INT8=1.
-INT8_MIN_ROWS = 4
-INT8_MASK = 31  # which matmuls: 1 qkv, 2 o, 4 gate/up, 8 down, 16 LM head
+# The int8 path (the avx512 path where the CPU has AVX512_VNNI; sk_int8.h): activations quantized
+# to int8 per block of 32 values. One term (llama.cpp's scheme): 2.7x the fp32 strips at 16 rows
+# here (gate+up, 1 thread: 221 vs 628 us) but it fails the greedy-agreement gate (72 of 91 steps
+# of the test prompts; docs/engine.md). Two terms (the second quantizes what the first left, ~15
+# bits): 2x the fp32 strips (284 vs 581 us) and logits within 0.02 of fp32 (bf16: 0.26), so that is
+# the default; STREAMKIT_NATIVE_INT8=1 picks one term, 0 turns the path off. It pads rows to tiles
+# of 16: the fp32 path is faster below 8 rows (6 rows: 229 vs 274 us).
+INT8_MIN_ROWS = 8
+INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
 
 
 class NativeLlamaModel:
@@ -69,10 +74,10 @@ class NativeLlamaModel:
         default_rows = AMX_MIN_ROWS if caps & native.CAP_AMX else DPBF16_MIN_ROWS
         use_bf16 = weights == "native" and bool(caps & native.CAP_BF16)
         self.bf16_min_rows = (bf16_min_rows or default_rows) if use_bf16 else 0
-        use_int8 = (weights == "native" and bool(caps & native.CAP_INT8)
-                    and os.environ.get("STREAMKIT_NATIVE_INT8", "0") == "1")
+        terms = os.environ.get("STREAMKIT_NATIVE_INT8", "2")
+        use_int8 = weights == "native" and bool(caps & native.CAP_INT8) and terms in ("1", "2")
         self.int8_min_rows = (int8_min_rows or INT8_MIN_ROWS) if use_int8 else 0
-        self.int8_mask = INT8_MASK
+        self.int8_mask = INT8_ALL | (INT8_TWO_TERMS if terms != "1" else 0)
         B, T = gm.blocks, gm.tensors
         exact = weights == "native-fp32"
 

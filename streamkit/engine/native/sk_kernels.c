@@ -65,7 +65,7 @@ static int g_amx = 0; /* AMX compiled in, present and granted by the kernel */
 #define SK_STRIP_MIN_ROWS 8
 
 /* the bf16 paths' packed-activation buffer, for `rows` rows of at most `k` inputs */
-static size_t xb_elems(int rows, int k) { return (size_t)((rows + 15) / 16) * (k / 32) * 256; }
+static size_t xb_elems(int rows, int k) { return (size_t)((rows + 15) / 16) * (k / 32) * 320; }
 
 static int use_bf16(const sk_w *w, int M, int bf16_min_rows) {
     return SK_BF16 && bf16_min_rows > 0 && M >= bf16_min_rows && w->n % 16 == 0;
@@ -84,9 +84,9 @@ static int use_i8(const sk_w *w, int M, int i8_min_rows) {
  * Steps of at least i8_min_rows rows take the int8 path where the weight's format has one, else
  * from bf16_min_rows the bf16 path (0: never; both 0: all fp32, exact). */
 static void matmul_team(const sk_w *w, int M, const float *x, int ldx, float *y, int ldy, int acc, int bf16_min_rows,
-                        int i8_min_rows, uint32_t *xb, sk_team *t) {
+                        int i8_min_rows, int i8_two, uint32_t *xb, sk_team *t) {
 #if SK_VNNI
-    if (use_i8(w, M, i8_min_rows)) mm_i8_team(w, M, x, ldx, xb, y, ldy, acc, t);
+    if (use_i8(w, M, i8_min_rows)) mm_i8_team(w, M, x, ldx, xb, y, ldy, acc, i8_two, t);
     else
 #endif
 #if SK_BF16
@@ -105,6 +105,7 @@ static void matmul_team(const sk_w *w, int M, const float *x, int ldx, float *y,
     (void)xb;
     (void)bf16_min_rows;
     (void)i8_min_rows;
+    (void)i8_two;
     team_barrier(t);
 }
 
@@ -412,6 +413,7 @@ static void norm_rows(const sk_model *m, const float *x, const float *w, int T, 
 static void forward_job(void *p, sk_team *t) {
     const forward_args *f = p;
 #define I8(bit) ((f->i8_mask & (bit)) ? f->i8_min_rows : 0) /* the int8 threshold of one matmul */
+#define I8_TWO ((f->i8_mask & 32) != 0)
     sk_model *m = f->m;
     const int T = f->T, D = m->dim, H = m->n_heads, KV = m->n_kv, hd = m->head_dim, F = m->ffn, G = H / KV;
     const int QKV = (H + 2 * KV) * hd, A = H * hd, amr = f->bf16_min_rows;
@@ -424,7 +426,7 @@ static void forward_job(void *p, sk_team *t) {
         const sk_layer *L = &m->layers[l];
         norm_rows(m, m->x, L->attn_norm, T, m->h, t);
         team_barrier(t);
-        matmul_team(&L->qkv, T, m->h, D, m->qkv, QKV, 0, amr, I8(1), m->xb, t);
+        matmul_team(&L->qkv, T, m->h, D, m->qkv, QKV, 0, amr, I8(1), I8_TWO, m->xb, t);
         team_span(t, T, &a, &b);
         for (int r = a; r < b; r++) {
             float *q = m->qkv + (size_t)r * QKV, *k = q + A, *v = k + KV * hd;
@@ -442,30 +444,32 @@ static void forward_job(void *p, sk_team *t) {
                    f->tables + (size_t)f->tok_seq[r] * f->nb_stride, m->att + (size_t)r * A + (size_t)j * G * hd);
         }
         team_barrier(t);
-        matmul_team(&L->o, T, m->att, A, m->x, D, 1, amr, I8(2), m->xb, t);
+        matmul_team(&L->o, T, m->att, A, m->x, D, 1, amr, I8(2), I8_TWO, m->xb, t);
         norm_rows(m, m->x, L->ffn_norm, T, m->h, t);
         team_barrier(t);
-        matmul_team(&L->gu, T, m->h, D, m->gu, 2 * F, 0, amr, I8(4), m->xb, t);
+        matmul_team(&L->gu, T, m->h, D, m->gu, 2 * F, 0, amr, I8(4), I8_TWO, m->xb, t);
         team_span(t, T, &a, &b);
         for (int r = a; r < b; r++)
             silu_mul(m->gu + (size_t)r * 2 * F, m->gu + (size_t)r * 2 * F + F, F, m->act + (size_t)r * F);
         team_barrier(t);
-        matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), m->xb, t);
+        matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), I8_TWO, m->xb, t);
     }
     team_span(t, f->R, &a, &b);
     for (int r = a; r < b; r++)
         rms_norm(m->x + (size_t)f->logit_rows[r] * D, m->out_norm, D, m->eps, m->lx + (size_t)r * D);
     team_barrier(t);
-    matmul_team(&m->head, f->R, m->lx, D, f->logits, m->vocab, 0, amr, I8(16), m->xb, t);
+    matmul_team(&m->head, f->R, m->lx, D, f->logits, m->vocab, 0, amr, I8(16), I8_TWO, m->xb, t);
     team_end(f->amx);
 #undef I8
+#undef I8_TWO
 }
 
 /* One step over T tokens of any mix of sequences. Token t sits at position pos[t] of the sequence
  * whose block table is tables[tok_seq[t]] (nb_stride entries per row); its K/V go to slot slots[t],
  * and it attends to positions 0..pos[t] (its own included). Logits [R][vocab] for rows logit_rows,
  * on nt threads (0: all CPUs). Matmuls of at least bf16_min_rows rows run in bf16 (0: never), of at
- * least i8_min_rows in int8 where i8_mask has their bit (1 qkv, 2 o, 4 gate/up, 8 down, 16 LM head).
+ * least i8_min_rows in int8 where i8_mask has their bit (1 qkv, 2 o, 4 gate/up, 8 down, 16 LM head;
+ * 32: activations as two int8 terms).
  * Returns 0; -1 when scratch memory could not be allocated, -2 for a token id or position out of range. */
 SK_API int sk_forward(sk_model *m, int T, const int32_t *ids, const int32_t *pos, const int64_t *slots,
                       const int32_t *tok_seq, const int32_t *tables, int nb_stride, int R, const int32_t *logit_rows,
@@ -487,7 +491,7 @@ SK_API int sk_forward(sk_model *m, int T, const int32_t *ids, const int32_t *pos
 
 typedef struct {
     sk_w w;
-    int M, acc, bf16_min_rows, i8_min_rows, amx;
+    int M, acc, bf16_min_rows, i8_min_rows, i8_two, amx;
     const float *x;
     float *y;
     uint32_t *xb;
@@ -496,14 +500,14 @@ typedef struct {
 static void matmul_job(void *p, sk_team *t) {
     const matmul_args *a = p;
     team_begin(a->amx);
-    matmul_team(&a->w, a->M, a->x, a->w.k, a->y, a->w.n, a->acc, a->bf16_min_rows, a->i8_min_rows, a->xb, t);
+    matmul_team(&a->w, a->M, a->x, a->w.k, a->y, a->w.n, a->acc, a->bf16_min_rows, a->i8_min_rows, a->i8_two, a->xb, t);
     team_end(a->amx);
 }
 
 /* y [M][N] (+)= x [M][K] . W^T through the same dispatch as the forward */
 SK_API int sk_matmul(int fmt, const uint8_t *qs, const float *sc, int N, int K, int M, const float *x, float *y, int acc,
-                     int bf16_min_rows, int i8_min_rows, int nt) {
-    matmul_args a = {{fmt, N, K, qs, sc}, M, acc, bf16_min_rows, i8_min_rows, 0, x, y, NULL};
+                     int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
+    matmul_args a = {{fmt, N, K, qs, sc}, M, acc, bf16_min_rows, i8_min_rows, (i8_mask & 32) != 0, 0, x, y, NULL};
     a.amx = SK_AMX && g_amx && use_bf16(&a.w, M, bf16_min_rows) && !use_i8(&a.w, M, i8_min_rows);
     if ((use_bf16(&a.w, M, bf16_min_rows) || use_i8(&a.w, M, i8_min_rows)) &&
         !(a.xb = aligned_alloc(64, xb_elems(M, K) * 4)))
