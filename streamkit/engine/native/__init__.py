@@ -239,13 +239,16 @@ def amx() -> bool:
 def describe(isa: str | None = None) -> str:
     """One line naming a path and what its batched steps run on, for logs and the bench."""
     name = isa or resolve_isa()
+    if name is not None:
+        load(name)
     if name is None or name not in _caps:
         return f"none ({error(isa)})"
     c = _caps[name]
     batched = ("AMX bf16 tiles" if c & CAP_AMX else "vdpbf16ps bf16 dot products" if c & CAP_BF16
                else "fp32 FMAs over strips dequantized once per step")
-    if c & CAP_INT8:
-        batched += " (int8 VNNI compiled in)"
+    terms = os.environ.get("STREAMKIT_NATIVE_INT8", "2")
+    if c & CAP_INT8 and terms in ("1", "2"):
+        batched = f"int8 VNNI, {'one' if terms == '1' else 'two'}-term activations (else {batched})"
     return f"{name} ({'AVX-512' if c & CAP_AVX512 else 'AVX2+FMA, no AVX-512'}; batched steps: {batched})"
 
 

@@ -95,10 +95,9 @@ INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, v16 *lo, v16 *hi) {
 #else
 /* AVX2: the same values (s0 * q then + s1, each rounded as gguf's numpy code rounds them), eight
  * lanes at a time: converting the nibbles is as cheap as a table lookup without vpermps' 16 lanes */
-INLINE __m256 q4_8(__m128i bytes8, int shift, int q4_0, float s0, float s1) {
-    __m256i q = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(bytes8), shift), _mm256_set1_epi32(15));
+INLINE __m256 q4_8(__m256i q, int q4_0, __m256 s0, __m256 s1) {
     if (q4_0) q = _mm256_sub_epi32(q, _mm256_set1_epi32(8));
-    return _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(s0), _mm256_cvtepi32_ps(q)), _mm256_set1_ps(s1));
+    return _mm256_add_ps(_mm256_mul_ps(s0, _mm256_cvtepi32_ps(q)), s1);
 }
 
 /* 8 Q6_K values: the low nibbles (shift 0) or high nibbles (4) of 8 bytes, their high bit pairs from
@@ -118,12 +117,14 @@ INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, v16 *lo, v16 *hi) {
         float s0, s1;
         q4_scales(fmt, w, b, &s0, &s1);
         const __m128i q = _mm_loadu_si128((const __m128i *)(w->qs + 16 * b));
-        const __m128i q8 = _mm_srli_si128(q, 8);
+        const __m256i qa = _mm256_cvtepu8_epi32(q), qb = _mm256_cvtepu8_epi32(_mm_srli_si128(q, 8));
+        const __m256i m4 = _mm256_set1_epi32(15);
+        const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
         const int z = fmt == SK_Q4_0;
-        lo->a = q4_8(q, 0, z, s0, s1);
-        lo->b = q4_8(q8, 0, z, s0, s1);
-        hi->a = q4_8(q, 4, z, s0, s1);
-        hi->b = q4_8(q8, 4, z, s0, s1);
+        lo->a = q4_8(_mm256_and_si256(qa, m4), z, vs0, vs1);
+        lo->b = q4_8(_mm256_and_si256(qb, m4), z, vs0, vs1);
+        hi->a = q4_8(_mm256_srli_epi32(qa, 4), z, vs0, vs1);
+        hi->b = q4_8(_mm256_srli_epi32(qb, 4), z, vs0, vs1);
     } else if (fmt == SK_Q6_K) {
         const float *S = w->sc + 6 * (b >> 3);
         const int8_t *scale = (const int8_t *)(S + 2) + 2 * (b & 7);

@@ -19,7 +19,7 @@ INLINE void fma_tile(int fmt, int NC, int MR, const sk_w *w, int n, const float 
         for (int c = 0; c < NC; c++) {
             v16 lo, hi;
             dq_block(fmt, w, n + c, kb, &lo, &hi);
-            for (int r = 0; r < MR; r++) a[c][r] = vacc_dot(vacc_dot(a[c][r], xl[r], lo), xh[r], hi);
+            for (int r = 0; r < MR; r++) a[c][r] = vacc_dot2(a[c][r], xl[r], lo, xh[r], hi);
         }
     }
     for (int c = 0; c < NC; c++)

@@ -37,7 +37,8 @@ INLINE void v16_store_half(uint16_t *p, v16 a) {
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
 }
 INLINE vacc vacc_zero(void) { return _mm512_setzero_ps(); }
-INLINE vacc vacc_dot(vacc acc, v16 x, v16 w) { return _mm512_fmadd_ps(x, w, acc); }
+/* acc + xl . lo + xh . hi (one 32-value block) */
+INLINE vacc vacc_dot2(vacc acc, v16 xl, v16 lo, v16 xh, v16 hi) { return _mm512_fmadd_ps(xh, hi, _mm512_fmadd_ps(xl, lo, acc)); }
 INLINE float vacc_hsum(vacc a) { return _mm512_reduce_add_ps(a); }
 
 /* exp for the softmax and SiLU: Cephes' single-precision polynomial (about 1 ulp) */
@@ -146,7 +147,12 @@ INLINE void v16_store_half(uint16_t *p, v16 x) {
 }
 /* one 8-lane accumulator per dot product: 16 of them fit the 16 ymm registers' budget better */
 INLINE vacc vacc_zero(void) { return _mm256_setzero_ps(); }
-INLINE vacc vacc_dot(vacc acc, v16 x, v16 w) { return _mm256_fmadd_ps(x.b, w.b, _mm256_fmadd_ps(x.a, w.a, acc)); }
+/* acc + xl . lo + xh . hi: the block's four products summed apart, so the chain through acc is one
+ * add a block (four dependent FMAs made a batch-1 step latency-bound) */
+INLINE vacc vacc_dot2(vacc acc, v16 xl, v16 lo, v16 xh, v16 hi) {
+    const __m256 t = _mm256_fmadd_ps(xl.b, lo.b, _mm256_mul_ps(xl.a, lo.a));
+    return _mm256_add_ps(acc, _mm256_fmadd_ps(xh.b, hi.b, _mm256_fmadd_ps(xh.a, hi.a, t)));
+}
 INLINE float vacc_hsum(vacc a) { return hsum8(a); }
 
 INLINE __m256 exp8(__m256 x) {
