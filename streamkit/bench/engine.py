@@ -29,12 +29,13 @@ def cpu_name() -> str:
     """The CPU's model name and the instruction sets that matter to the native kernels."""
     name, flags = "unknown CPU", set()
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and name == "unknown CPU":
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name == "unknown CPU":
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
     has = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile") if f in flags]
