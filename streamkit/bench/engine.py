@@ -25,6 +25,23 @@ def log(*a):
     print("[bench engine]", *a, file=sys.stderr, flush=True)
 
 
+def cpu_name() -> str:
+    """The CPU's model name and the instruction sets that matter to the native kernels."""
+    name, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name == "unknown CPU":
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    has = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile") if f in flags]
+    return f"{name} ({', '.join(has) or 'no AVX2'}; {os.cpu_count()} CPUs)"
+
+
 def measure_cpu_bandwidth(nbytes: int = 256 << 20) -> float:
     """Rough achievable read+write bandwidth (bytes/s) of a large tensor copy."""
     import torch
@@ -150,10 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     ap.add_argument("--weights", default=None,
                     help="ours: auto | native | native-fp32 | int4+bf16 | int8+bf16 | bf16 | fp32")
+    ap.add_argument("--isa", default=None, choices=["auto", "amx", "avx512", "avx2"],
+                    help="the native kernels' instruction-set path (default: the best this CPU has); "
+                         "sets STREAMKIT_NATIVE_ISA for every engine of the run")
     ap.add_argument("--tokens", type=int, default=None, help="tokens generated per stream")
     ap.add_argument("--concurrency", default=None, help="comma list, default 1,4,16,64")
     ap.add_argument("--greedy-prompts", type=int, default=None)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--no-transformers", action="store_true",
+                    help="skip the transformers peer (llama.cpp still runs); the timed build's greedy output "
+                         "is then compared with our fp32 build's (greedy_match_timed_vs_fp32)")
     ap.add_argument("--peer-spec", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--llamacpp-spec", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -169,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     from streamkit.engine.reference import PROMPTS, chat
 
     t_start = time.perf_counter()
+    if a.isa:
+        os.environ["STREAMKIT_NATIVE_ISA"] = a.isa
     device = resolve_device(a.device)
     cuda = device.startswith("cuda")
     model_path = a.model or default_model_path()
@@ -178,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         conc = [1, 4, 16, 64, 256, 512]
     n_greedy = a.greedy_prompts if a.greedy_prompts is not None else (2 if a.quick else 20)
     res: dict = {"device": device, "model": os.path.basename(model_path), "n_tokens": n_tokens,
-                 "threads": torch.get_num_threads(), "quick": a.quick}
+                 "threads": torch.get_num_threads(), "quick": a.quick, "cpu": cpu_name(),
+                 "load_avg_start": round(os.getloadavg()[0], 2)}
 
     log(f"loading ours on {device} ...")
     opts = {"weights": a.weights} if a.weights else {}
@@ -188,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     core = eng.load()
     res["ours_load_s"] = round(core.load_seconds, 1)
     res["weights"] = core.model.weights
+    if getattr(core.model, "isa", None):
+        from streamkit.engine import native
+
+        res["native_isa"] = core.model.isa
+        res["native_path"] = native.describe(core.model.isa)
+        log(f"ours: native kernels, {res['native_path']} on {res['cpu']}")
     prompt_ids = [eng.encode(chat(p)) for p in PROMPTS]
     res.update(bench_ours(eng, prompt_ids, n_tokens, conc, n_b1=2 if a.quick else 5,
                           repeats=1 if a.quick else 3))
@@ -241,14 +273,20 @@ def main(argv: list[str] | None = None) -> int:
             ref.close()
         res["greedy_match_weights"] = fp32
     if not a.no_peer:
-        log("peer: transformers generate (subprocess) ...")
+        log("peer: transformers generate (subprocess) ..." if not a.no_transformers else "peer: llama.cpp only")
         spec = {"model_path": model_path, "prompt_ids": prompt_ids, "n_tokens": n_tokens,
                 "concurrency": [c for c in conc if (c in (1, 16) if a.quick else c <= 64)],
                 "eos_id": eos_id, "pad_id": pad_id,
                 "greedy_ids": greedy_ids, "greedy_tokens": 32, "device": device}
-        peer = run_peer(spec, timeout=3000)
-        peer_greedy = peer.pop("peer_greedy", None)
-        res.update(peer)
+        peer_greedy = None
+        if a.no_transformers:
+            if "greedy_match_timed_build" in ours_greedy:
+                match = [o == p for o, p in zip(ours_greedy["greedy_match_timed_build"], ours_greedy["greedy_match"])]
+                res["greedy_match_timed_vs_fp32"] = round(sum(match) / len(match), 3)
+        else:
+            peer = run_peer(spec, timeout=3000)
+            peer_greedy = peer.pop("peer_greedy", None)
+            res.update(peer)
         if importlib.util.find_spec("xllamacpp") is not None and device == "cpu":
             log("peer: llama.cpp (xllamacpp, subprocess) ...")
             res.update(run_peer(spec, timeout=900, flag="--llamacpp-spec", name="llamacpp"))
@@ -275,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     res.setdefault("peer_b1_tps", None)
     res.setdefault("ratio_b1", None)
     res["wall_s"] = round(time.perf_counter() - t_start, 1)
-    keys = ["device", "weights", "ours_b1_tps", "peer_b1_tps", "ratio_b1", "ours_b16_tps", "peer_b16_tps",
-            "ratio_b16", "greedy_match", "greedy_match_timed_build", "ttft_ms_p50", "roofline_fraction",
-            "llamacpp_b1_tps", "ratio_llamacpp_b1"]
+    res["load_avg_end"] = round(os.getloadavg()[0], 2)
+    keys = ["device", "cpu", "weights", "native_path", "ours_b1_tps", "peer_b1_tps", "ratio_b1", "ours_b16_tps",
+            "peer_b16_tps", "ratio_b16", "greedy_match", "greedy_match_timed_build", "greedy_match_timed_vs_fp32",
+            "ttft_ms_p50",
+            "bandwidth_gbs_measured", "roofline_b1_tps", "roofline_fraction", "llamacpp_b1_tps", "ratio_llamacpp_b1",
+            "llamacpp_c16_tps", "ratio_llamacpp_c16", "load_avg_start", "load_avg_end"]
     for k in keys:
         print(f"{k:>20}: {res.get(k)}")
     for c in conc:

@@ -49,7 +49,7 @@ class EngineCore:
 
             self._tuner = ThreadTuner(torch.get_num_threads())
         t0 = time.perf_counter()
-        mode = resolve_weights(opts.weights, cuda)
+        mode = resolve_weights(opts.weights, cuda, native_isa=opts.native_isa)
         native_mode = mode in NATIVE_MODES
         if native_mode and cuda:
             raise ValueError(f"weights={mode!r} runs on the CPU only")
@@ -60,7 +60,7 @@ class EngineCore:
         self.tokenizer = Tokenizer(gm.metadata)
         self.chat_template = ChatTemplate.from_metadata(gm.metadata, self.tokenizer.tokens)
         if native_mode:
-            self.model = NativeLlamaModel(gm, mode)
+            self.model = NativeLlamaModel(gm, mode, isa=opts.native_isa)
             self.model.reuse_logits = True  # step() samples from the logits before the next forward
         else:
             self.model = LlamaModel(gm, self.device, weights=mode, attn_backend=opts.attn_backend)
@@ -106,7 +106,7 @@ class EngineCore:
             self.drafter = DraftRunner(resolve_model(opts.draft_model), self.metadata, cfg.vocab_size, mode,
                                        self.device, num_blocks, opts.block_size, opts.prefix_caching,
                                        opts.max_batched_tokens, opts.attn_backend,
-                                       narrow=opts.draft_q4, stop_p=opts.draft_stop_p)
+                                       narrow=opts.draft_q4, stop_p=opts.draft_stop_p, isa=opts.native_isa)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.delivery = BatchedWakeups()  # what the sequences' emit() posts to asyncio loops, flushed per step
         self._seqs: dict[int, Sequence] = {}

@@ -92,7 +92,8 @@ class DraftRunner:
 
     def __init__(self, path: str, target_meta: dict, target_vocab: int, weights: str, device: torch.device,
                  num_blocks: int, block_size: int, prefix_caching: bool, max_batched_tokens: int,
-                 attn_backend: str | None = None, narrow: bool = True, stop_p: float = 0.0) -> None:
+                 attn_backend: str | None = None, narrow: bool = True, stop_p: float = 0.0,
+                 isa: str | None = None) -> None:
         check_vocabulary(read_metadata(path), target_meta, path)  # before any tensor is read
         from streamkit.engine.native.model import MODES as NATIVE_MODES
         from streamkit.engine.native.model import NativeLlamaModel
@@ -106,7 +107,7 @@ class DraftRunner:
                                        f"{target_vocab}")
         self.model: Any
         if native_mode:
-            self.model = NativeLlamaModel(gm, weights)
+            self.model = NativeLlamaModel(gm, weights, isa=isa)  # the target's kernel path
             self.model.reuse_logits = True  # every forward's logits are sampled before the next one
         else:
             from streamkit.engine.model import LlamaModel

@@ -11,6 +11,7 @@ batch size measured, but inaccurate on this model (activation outliers).
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -69,10 +70,11 @@ def int4_available() -> bool:
     return _INT4
 
 
-def resolve_weights(weights: str | None, cuda: bool, native_ok: bool = True) -> str:
+def resolve_weights(weights: str | None, cuda: bool, native_ok: bool = True, native_isa: str | None = None) -> str:
     """The weight mode an engine runs: bf16 on CUDA unless asked otherwise; on CPU `auto` (the
     default) is the native kernels (streamkit.engine.native) where they build and `native_ok`,
-    else the best torch format.
+    else the best torch format. `native_isa` (or STREAMKIT_NATIVE_ISA) asking for a kernel path
+    this CPU lacks is a ValueError, not a silent torch fallback.
 
     w8a8 is faster than the other torch formats but its per-tensor activation quantization breaks
     on this model's activation outliers (greedy agreement with fp32: 1/20 prompts vs 16/20 for
@@ -83,7 +85,7 @@ def resolve_weights(weights: str | None, cuda: bool, native_ok: bool = True) -> 
     if mode == "auto":
         from streamkit.engine import native
 
-        if native_ok and native.available():
+        if native_ok and os.environ.get("STREAMKIT_NATIVE", "1") != "0" and native.resolve_isa(native_isa):
             return "native"
         return "int4+bf16" if int4_available() else "int8+bf16"
     return mode

@@ -1,6 +1,7 @@
 """An engine's settings, resolved in one place: what the caller passed, else the environment
 (STREAMKIT_ENGINE_THREADS, STREAMKIT_KV_TOKENS, STREAMKIT_PREFIX_CACHING, STREAMKIT_SPECULATIVE,
-STREAMKIT_SPEC_K, STREAMKIT_DRAFT_MODEL, STREAMKIT_DRAFT_STOP_P, STREAMKIT_DRAFT_Q4), else the device's default. The KV cache size left unset here is derived from
+STREAMKIT_SPEC_K, STREAMKIT_DRAFT_MODEL, STREAMKIT_DRAFT_STOP_P, STREAMKIT_DRAFT_Q4,
+STREAMKIT_NATIVE_ISA), else the device's default. The KV cache size left unset here is derived from
 the model and the free memory once the model is loaded (EngineCore)."""
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class EngineOptions:
     draft_model: str | None  # speculative="draft": a packaged model's name or a GGUF path
     draft_stop_p: float  # a draft stops at a token it gave less than this probability (0: always k)
     draft_q4: bool  # `native` drafts re-quantized to Q4_0 at load (draft.narrow_to_q4_0)
+    native_isa: str | None  # the native kernels' path (amx | avx512 | avx2); None: the best the CPU has
 
 
 SPECULATIVE = ("ngram", "draft")
@@ -51,11 +53,15 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
                     attn_backend: str | None = None, threads: int | None = None, kv_dtype: str | None = None,
                     prefix_caching: bool | None = None, speculative: str | None = None,
                     spec_k: int | None = None, draft_model: str | None = None,
-                    draft_stop_p: float | None = None, draft_q4: bool | None = None) -> EngineOptions:
+                    draft_stop_p: float | None = None, draft_q4: bool | None = None,
+                    native_isa: str | None = None) -> EngineOptions:
     cuda = device.type == "cuda"
     speculative = speculative if speculative is not None else (os.environ.get("STREAMKIT_SPECULATIVE") or None)
     if speculative not in (None, *SPECULATIVE):
         raise ValueError(f"speculative must be one of {SPECULATIVE} or None, got {speculative!r}")
+    from streamkit.engine.native import requested_isa
+
+    native_isa = requested_isa(native_isa)  # ValueError for a name that is no path
     draft_model = draft_model or os.environ.get("STREAMKIT_DRAFT_MODEL") or None
     if draft_model and speculative is None:
         speculative = "draft"
@@ -82,4 +88,5 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
         draft_stop_p=(draft_stop_p if draft_stop_p is not None
                       else float(os.environ.get("STREAMKIT_DRAFT_STOP_P", DEFAULT_DRAFT_STOP_P))),
         draft_q4=draft_q4 if draft_q4 is not None else _env_int("STREAMKIT_DRAFT_Q4", 1) != 0,
+        native_isa=native_isa,
     )

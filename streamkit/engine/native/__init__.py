@@ -1,11 +1,19 @@
-"""The native CPU kernels (sk_kernels.c): built on first use with the system C compiler, cached.
+"""The native CPU kernels (sk_kernels.c and its sk_*.h): built on first use with the system C compiler, cached.
 
-The library is compiled with -march=native for the machine it runs on, so it is built at run time
-(like Triton or torch's cpp extensions), not at install time: a wheel or Docker image built on
-one CPU is still correct on another. The build takes a few seconds once; the result is cached
-under $STREAMKIT_CACHE_DIR (default ~/.cache/streamkit/native), keyed by the source, the compiler,
-the flags and the CPU's feature flags. Where there is no compiler or no AVX-512, `load()` returns
-None and the engine uses its torch path.
+One library per instruction-set path, each compiled with explicit -m flags (-mtune=native only
+tunes), at run time (like Triton or torch's cpp extensions), not at install time:
+  amx     AVX-512 + AVX512_BF16 + AMX tiles: batched steps multiply bf16 strips on AMX (Intel
+          Sapphire Rapids and later);
+  avx512  AVX-512 without AMX: batched steps use vdpbf16ps where the CPU has AVX512_BF16 (AMD Zen
+          4/5, Cooper Lake), else fp32 FMAs over strips dequantized once per step;
+  avx2    AVX2 + FMA + F16C, no AVX-512 instruction anywhere (most laptops, many CI runners):
+          fp32 FMAs, strips dequantized once per step for batched steps.
+The best path the CPU has is the default; STREAMKIT_NATIVE_ISA=avx512|avx2 (or the engine option
+`native_isa`) forces a lower one, and asking for a path the CPU lacks is a ValueError. Each build
+takes a few seconds once; the result is cached under $STREAMKIT_CACHE_DIR (default
+~/.cache/streamkit/native), keyed by the path, the sources, the compiler and the flags. Where there
+is no compiler, no AVX2/FMA/F16C or STREAMKIT_NATIVE=0, `load()` returns None and the engine uses
+its torch path.
 
 The kernels run on their own small thread pool (sk_pool.h), not OpenMP; the engine passes the
 thread count for each step.
@@ -25,16 +33,27 @@ from pathlib import Path
 log = logging.getLogger("streamkit.engine")
 
 SOURCE = Path(__file__).with_name("sk_kernels.c")
-CFLAGS = ["-O3", "-march=native", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
-          "-fvisibility=hidden"]
+CFLAGS = ["-O3", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden",
+          "-mtune=native"]
+ISAS = ("amx", "avx512", "avx2")  # best first
+_AVX2 = ["-mavx2", "-mfma", "-mf16c", "-mbmi2"]
+_AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512cd"]
+# /proc/cpuinfo flags each path needs
+REQUIRES = {
+    "avx2": {"avx2", "fma", "f16c", "bmi2"},
+    "avx512": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"},
+}
+REQUIRES["amx"] = REQUIRES["avx512"] | {"avx512_bf16", "amx_tile", "amx_bf16"}
 # weight formats understood by the kernels (block layouts exactly as in GGUF files)
 FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2, "Q4_0": 3, "Q4_K": 4, "Q6_K": 5}
+# sk_init's capability bits
+CAP_AMX, CAP_BF16, CAP_AVX512, CAP_INT8 = 2, 4, 8, 16
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_caps = 0
-_error: str | None = None
-_tried = False
+_lock = threading.RLock()
+_libs: dict[str, ctypes.CDLL | None] = {}
+_caps: dict[str, int] = {}
+_errors: dict[str, str] = {}
+_default: list[str | None] = []  # [the default path] once chosen
 
 
 def _cpu_flags() -> set[str]:
@@ -47,6 +66,29 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def missing(isa: str) -> list[str]:
+    """The CPU flags this machine lacks for `isa` (empty: it can run it)."""
+    if isa not in ISAS:
+        raise ValueError(f"unknown native instruction-set path {isa!r}; expected one of {ISAS}")
+    return sorted(REQUIRES[isa] - _cpu_flags())
+
+
+def isa_flags(isa: str, cpu: set[str] | None = None) -> list[str]:
+    """The -m flags `isa` is compiled with on a CPU with flags `cpu` (avx512 uses bf16 dot
+    products where the CPU has them)."""
+    cpu = _cpu_flags() if cpu is None else cpu
+    if isa == "avx2":
+        return list(_AVX2)
+    flags = list(_AVX512)
+    if isa == "amx" or "avx512_bf16" in cpu:
+        flags.append("-mavx512bf16")
+    if isa == "avx512" and "avx512_vnni" in cpu:
+        flags.append("-mavx512vnni")
+    if isa == "amx":
+        flags += ["-mamx-tile", "-mamx-bf16"]
+    return flags
+
+
 def cache_dir() -> Path:
     base = os.environ.get("STREAMKIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "streamkit")
     return Path(base) / "native"
@@ -57,21 +99,22 @@ def _compiler() -> str | None:
     return cc if cc and shutil.which(cc) else (shutil.which("gcc") or shutil.which("cc"))
 
 
-def _build(cc: str, flags: set[str]) -> Path:
+def _build(cc: str, isa: str, flags: list[str]) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256()
     sources = [p.read_bytes() for p in sorted(SOURCE.parent.glob("sk_*.[ch]"))]
-    for part in (*sources, version.encode(), " ".join(CFLAGS).encode(), " ".join(sorted(flags)).encode()):
+    for part in (*sources, version.encode(), isa.encode(), " ".join(CFLAGS + flags).encode()):
         key.update(part)
-    out = cache_dir() / f"sk_kernels-{key.hexdigest()[:16]}.so"
+    out = cache_dir() / f"sk_kernels-{isa}-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    log.info("engine: compiling native kernels with %s (once per machine) ...", cc)
+    log.info("engine: compiling the %s native kernels with %s (once per machine) ...", isa, cc)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        p = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
+        p = subprocess.run([cc, *CFLAGS, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+                           timeout=300)
         if p.returncode != 0:
             raise RuntimeError(f"{cc} failed: {p.stderr.strip()[-800:]}")
         os.replace(tmp, out)  # atomic: concurrent builders (server + workers) never see half a file
@@ -91,8 +134,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_model_set_layer": ([P, I, P, P, I, P, P, I, P, P, I, P, P, I, P, P], None),
         "sk_model_set_qkv_bias": ([P, I, P], None),
         "sk_model_set_kv": ([P, P, P, L, I, I], I),
-        "sk_forward": ([P, I, P, P, P, P, P, I, I, P, P, I, I], I),
-        "sk_matmul": ([I, P, P, I, I, I, P, P, I, I, I], I),
+        "sk_forward": ([P, I, P, P, P, P, P, I, I, P, P, I, I, I, I], I),
+        "sk_matmul": ([I, P, P, I, I, I, P, P, I, I, I, I, I], I),
         "sk_dequant": ([I, P, P, I, I, P], None),
     }
     for name, (args, res) in sig.items():
@@ -100,52 +143,126 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes, fn.restype = args, res
 
 
-def load() -> ctypes.CDLL | None:
-    """The kernel library, built if needed; None (with the reason in `error()`) where it cannot be."""
-    global _lib, _caps, _error, _tried
-    if _tried:
-        return _lib
+def _load_isa(isa: str) -> ctypes.CDLL | None:
+    """The library of one path, built if needed; None with the reason in _errors[isa]."""
+    if isa in _libs:
+        return _libs[isa]
+    _libs[isa] = None
+    lack = missing(isa)
+    if lack:
+        _errors[isa] = f"this CPU lacks {', '.join(lack)} (needed by the {isa} path)"
+        return None
+    cc = _compiler()
+    if cc is None:
+        _errors[isa] = "no C compiler (gcc) found"
+        return None
+    try:
+        path = _build(cc, isa, isa_flags(isa))
+        lib = ctypes.CDLL(str(path))
+        _declare(lib)
+        caps = lib.sk_init()
+    except Exception as e:  # compile error, ...
+        _errors[isa] = f"native kernels ({isa}) unavailable: {e}"
+        log.warning("engine: %s", _errors[isa])
+        return None
+    if isa == "amx" and not caps & CAP_AMX:
+        _errors[isa] = "the kernel did not grant the AMX tile state (arch_prctl)"
+        return None
+    _libs[isa], _caps[isa] = lib, caps
+    log.info("engine: native kernels loaded from %s: %s", path, describe(isa))
+    return lib
+
+
+def requested_isa(isa: str | None = None) -> str | None:
+    """`isa`, else $STREAMKIT_NATIVE_ISA; None (or "auto"/"") means the best this CPU has."""
+    isa = isa if isa is not None else os.environ.get("STREAMKIT_NATIVE_ISA", "")
+    isa = isa.strip().lower()
+    if isa in ("", "auto"):
+        return None
+    if isa not in ISAS:
+        raise ValueError(f"STREAMKIT_NATIVE_ISA / native_isa must be auto or one of {', '.join(ISAS)}, not {isa!r}")
+    return isa
+
+
+def resolve_isa(isa: str | None = None) -> str | None:
+    """The path to run: a requested one (ValueError where this CPU or compiler cannot run it), else
+    the best one that loads; None where none does (or STREAMKIT_NATIVE=0)."""
+    want = requested_isa(isa)
+    if os.environ.get("STREAMKIT_NATIVE", "1") == "0":
+        return None
     with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        if os.environ.get("STREAMKIT_NATIVE", "1") == "0":
-            _error = "disabled by STREAMKIT_NATIVE=0"
-            return None
-        flags = _cpu_flags()
-        if not {"avx512f", "f16c"} <= flags:
-            _error = "this CPU has no AVX-512F"
-            return None
-        cc = _compiler()
-        if cc is None:
-            _error = "no C compiler (gcc) found"
-            return None
-        try:
-            path = _build(cc, flags)
-            lib = ctypes.CDLL(str(path))
-            _declare(lib)
-            _caps = lib.sk_init()
-        except Exception as e:  # compile error, missing OpenMP, ...
-            _error = f"native kernels unavailable: {e}"
-            log.warning("engine: %s; using the torch CPU path", _error)
-            return None
-        _lib = lib
-        log.info("engine: native kernels loaded from %s (AMX %s)", path, "on" if _caps & 2 else "off")
-        return _lib
+        if want is not None:
+            if _load_isa(want) is None:
+                raise ValueError(f"native path {want!r} was asked for (STREAMKIT_NATIVE_ISA or native_isa) but "
+                                 f"cannot run here: {_errors[want]}")
+            return want
+        if not _default:
+            _default.append(next((i for i in ISAS if _load_isa(i) is not None), None))
+            if _default[0] is None:
+                log.warning("engine: no native kernels (%s); using the torch CPU path", error())
+        return _default[0]
 
 
-def available() -> bool:
-    return load() is not None
+def load(isa: str | None = None) -> ctypes.CDLL | None:
+    """The kernel library of `isa` (default: resolve_isa()), built if needed; None (with the reason in
+    `error(isa)`) where it cannot be. An explicit `isa` the CPU lacks gives None; a lacking one
+    forced by STREAMKIT_NATIVE_ISA raises ValueError."""
+    if os.environ.get("STREAMKIT_NATIVE", "1") == "0":
+        return None
+    if isa is None:
+        isa = resolve_isa()
+        if isa is None:
+            return None
+    with _lock:
+        return _load_isa(requested_isa(isa))
+
+
+def available(isa: str | None = None) -> bool:
+    return load(isa) is not None
+
+
+def isa() -> str | None:
+    """The default path's name (None: no native kernels)."""
+    return resolve_isa()
+
+
+def caps(isa: str | None = None) -> int:
+    """sk_init's capability bits of a loaded path (CAP_AMX, CAP_BF16, CAP_AVX512); 0 if not loaded."""
+    return _caps.get(isa or resolve_isa() or "", 0) if load(isa) is not None else 0
 
 
 def amx() -> bool:
-    """AMX tiles compiled in, present on this CPU and granted by the kernel."""
-    return load() is not None and bool(_caps & 2)
+    """The default path multiplies batched steps on AMX tiles (compiled in, present, granted)."""
+    return bool(caps() & CAP_AMX)
 
 
-def error() -> str | None:
-    load()
-    return _error
+def describe(isa: str | None = None) -> str:
+    """One line naming a path and what its batched steps run on, for logs and the bench."""
+    name = isa or resolve_isa()
+    if name is not None:
+        load(name)
+    if name is None or name not in _caps:
+        return f"none ({error(isa)})"
+    c = _caps[name]
+    batched = ("AMX bf16 tiles" if c & CAP_AMX else "vdpbf16ps bf16 dot products" if c & CAP_BF16
+               else "fp32 FMAs over strips dequantized once per step")
+    terms = os.environ.get("STREAMKIT_NATIVE_INT8", "2")
+    if c & CAP_INT8 and terms in ("1", "2"):
+        batched = f"int8 VNNI, {'one' if terms == '1' else 'two'}-term activations (else {batched})"
+    return f"{name} ({'AVX-512' if c & CAP_AVX512 else 'AVX2+FMA, no AVX-512'}; batched steps: {batched})"
+
+
+def error(isa: str | None = None) -> str | None:
+    """Why `isa` (default: the default path) is unavailable; None where it loads."""
+    if os.environ.get("STREAMKIT_NATIVE", "1") == "0":
+        return "disabled by STREAMKIT_NATIVE=0"
+    if isa is None:
+        name = resolve_isa()
+        if name is None:
+            return "; ".join(f"{i}: {_errors.get(i, '?')}" for i in ISAS)
+        return None
+    load(isa)
+    return _errors.get(isa) if _libs.get(isa) is None else None
 
 
 def ptr(a) -> int:

@@ -2,8 +2,10 @@
 
 Same contract as `LlamaModel.forward(StepBatch)`; weights stay in the GGUF's own block formats.
 Two modes:
-  native       fp32 activations, float16 KV cache; steps of at least `amx_min_rows` rows multiply on
-               AMX tiles in bf16 (fp32 accumulation), fewer rows dequantize into fp32 FMAs. The CPU default.
+  native       fp32 activations, float16 KV cache; steps of at least `bf16_min_rows` rows multiply in
+               bf16 (fp32 accumulation) on AMX tiles or with vdpbf16ps, or from `int8_min_rows` with
+               int8 VNNI on two-term int8 activations, where the path has them (see
+               streamkit.engine.native), fewer rows dequantize into fp32 FMAs. The CPU default.
   native-fp32  fp32 FMAs for every step and a float32 KV cache: the same arithmetic as the fp32
                reference up to summation order (greedy output equals transformers' token for token on
                the reference prompts).
@@ -11,6 +13,7 @@ Two modes:
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import torch
@@ -28,15 +31,32 @@ MODES = ("native", "native-fp32")
 # threads, ms per step, fp32 FMA vs AMX: 1 row 6.2 vs -, 4 rows 8.1 vs -, 8 rows 14.3 vs 10.0,
 # 16 rows - vs 10.3; FMAs dequantize once per 4 rows, AMX once per step).
 AMX_MIN_ROWS = 6
+# The same for vdpbf16ps (the avx512 path on a CPU with AVX512_BF16 and no AMX): it pads rows to
+# tiles of 16, and on the Xeon measured here one vdpbf16ps (32 multiply-adds) costs as much as 3.3
+# fp32 FMAs (16 each), so it ties the fp32 strips at 16 rows (gate+up matmul, 1 thread: 602 vs 628
+# us) and loses below (8 rows: 616 vs 390 us). Zen 4/5 run vdpbf16ps at FMA speed.
+DPBF16_MIN_ROWS = 12
+# The int8 path (the avx512 path where the CPU has AVX512_VNNI; sk_int8.h): activations quantized
+# to int8 per block of 32 values. One term (llama.cpp's scheme): 2.7x the fp32 strips at 16 rows
+# here (gate+up, 1 thread: 221 vs 628 us) but it fails the greedy-agreement gate (72 of 91 steps
+# of the test prompts; docs/engine.md). Two terms (the second quantizes what the first left, ~15
+# bits): 2x the fp32 strips (284 vs 581 us) and logits within 0.02 of fp32 (bf16: 0.26), so that is
+# the default; STREAMKIT_NATIVE_INT8=1 picks one term, 0 turns the path off. It pads rows to tiles
+# of 16: the fp32 path is faster below 8 rows (6 rows: 229 vs 274 us).
+INT8_MIN_ROWS = 8
+INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
 
 
 class NativeLlamaModel:
-    def __init__(self, gm: GGUFModel, weights: str = "native", amx_min_rows: int | None = None):
+    def __init__(self, gm: GGUFModel, weights: str = "native", bf16_min_rows: int | None = None,
+                 isa: str | None = None, int8_min_rows: int | None = None):
+        """isa: the kernels' instruction-set path (native.ISAS); None: STREAMKIT_NATIVE_ISA, else the best."""
         if weights not in MODES:
             raise ValueError(f"unknown native weight mode {weights!r}; expected one of {MODES}")
-        lib = native.load()
+        self.isa = native.resolve_isa(isa)
+        lib = native.load(self.isa) if self.isa else None
         if lib is None:
-            raise RuntimeError(f"native kernels unavailable: {native.error()}")
+            raise RuntimeError(f"native kernels unavailable: {native.error(self.isa)}")
         if not gm.blocks:
             raise ValueError("the native model needs the GGUF loaded with raw=True")
         cfg = self.cfg = gm.config
@@ -50,8 +70,14 @@ class NativeLlamaModel:
         # native-fp32 keeps float32 so it stays the fp32 reference's arithmetic
         self.kv_dtype = torch.float32 if weights == "native-fp32" else torch.float16
         self.attn_backend = "native"
-        use_amx = weights == "native" and native.amx()
-        self.amx_min_rows = (amx_min_rows or AMX_MIN_ROWS) if use_amx else 0
+        caps = native.caps(self.isa)
+        default_rows = AMX_MIN_ROWS if caps & native.CAP_AMX else DPBF16_MIN_ROWS
+        use_bf16 = weights == "native" and bool(caps & native.CAP_BF16)
+        self.bf16_min_rows = (bf16_min_rows or default_rows) if use_bf16 else 0
+        terms = os.environ.get("STREAMKIT_NATIVE_INT8", "2")
+        use_int8 = weights == "native" and bool(caps & native.CAP_INT8) and terms in ("1", "2")
+        self.int8_min_rows = (int8_min_rows or INT8_MIN_ROWS) if use_int8 else 0
+        self.int8_mask = INT8_ALL | (INT8_TWO_TERMS if terms != "1" else 0)
         B, T = gm.blocks, gm.tensors
         exact = weights == "native-fp32"
 
@@ -99,8 +125,9 @@ class NativeLlamaModel:
         # faults on 12 MB
         self.reuse_logits = False
         self._logits = torch.empty(0)
-        log.info("engine: native model ready (%s, %.1f MB of weights, AMX from %s rows)", weights,
-                 self.weight_bytes_per_step / 1e6, self.amx_min_rows or "never")
+        log.info("engine: native model ready (%s on %s, %.1f MB of weights, bf16 from %s rows, int8 from %s)",
+                 weights, native.describe(self.isa), self.weight_bytes_per_step / 1e6, self.bf16_min_rows or "never",
+                 self.int8_min_rows or "never")
 
     def __del__(self):
         m, self._m = getattr(self, "_m", None), None
@@ -172,7 +199,8 @@ class NativeLlamaModel:
             logits = self._logits[:shape[0]]
         P = native.ptr
         rc = self._lib.sk_forward(self._m, T, P(ids), P(pos), P(slots), P(tok_seq), P(tables), tables.shape[1],
-                                  len(rows), P(rows), P(logits), self.amx_min_rows, torch.get_num_threads())
+                                  len(rows), P(rows), P(logits), self.bf16_min_rows, self.int8_min_rows,
+                                  self.int8_mask, torch.get_num_threads())
         if rc == -2:
             raise ValueError("token id or position out of range for this model")
         if rc != 0:

@@ -110,12 +110,12 @@ def pack(type_name: str, data: np.ndarray) -> PackedWeight:
     return PackedWeight(FORMATS[type_name], n, nb * BLOCK, np.ascontiguousarray(qs), np.ascontiguousarray(sc))
 
 
-def dequantize(w: PackedWeight) -> np.ndarray:
-    """[n, k] float32, exactly the values the kernels multiply with."""
+def dequantize(w: PackedWeight, isa: str | None = None) -> np.ndarray:
+    """[n, k] float32, exactly the values the kernels (of path `isa`, default the default) multiply with."""
     from streamkit.engine import native
 
     out = np.empty((w.n, w.k), np.float32)
-    native.load().sk_dequant(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, native.ptr(out))
+    native.load(isa).sk_dequant(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, native.ptr(out))
     return out
 
 

@@ -1,0 +1,219 @@
+/* The batched bf16 paths (AVX-512 with AVX512_BF16): a strip of 16 or 32 output columns is
+ * dequantized to bf16 once per step and multiplied with every row of the step, packed to bf16
+ * too, with fp32 accumulation:
+ *   - AMX tiles where the CPU has them and the kernel grants the tile state (SK_AMX);
+ *   - otherwise vdpbf16ps: the same strips and packed activations, a 16 x 16 tile of outputs held
+ *     in 16 zmm registers, each weight pair broadcast against 16 rows of x (Zen 4/5, Cooper Lake).
+ * Both read each weight from memory once per step (the fp32 FMA path: once per 4 rows).
+ * Included by sk_kernels.c only, where SK_BF16 is set. */
+#ifndef SK_BF16_H
+#define SK_BF16_H
+
+/* the order the bf16 paths dequantize a 4-bit block's 32 values in (see dq_strip) */
+static const uint16_t Q4_ORDER[32] = {0,  2,  4,  6,  8,  10, 12, 14, 1,  3,  5,  7,  9,  11, 13, 15,
+                                      16, 18, 20, 22, 24, 26, 28, 30, 17, 19, 21, 23, 25, 27, 29, 31};
+
+/* x [M][K] fp32 -> bf16 "B" tiles [MT][K/32][16 pair rows][16 rows of x][2], zero padded: tile
+ * (mt, kb) holds x[mt*16 + m][kb*32 + order[2p + j]] at pair row p, column m, element j, where
+ * order is the k order the weight strips are dequantized in (Q4_ORDER for 4-bit weights, else
+ * 0..31): any order works as long as both operands share it. */
+static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t *xb, sk_team *t) {
+    const int MT = (M + 15) / 16, NB = K / 32;
+    const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(16));
+    const __m512i order = _mm512_loadu_si512(Q4_ORDER);
+    int i0, i1;
+    team_span(t, MT * NB, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        const int mt = i / NB, kb = i % NB;
+        uint32_t *tile = xb + ((size_t)mt * NB + kb) * 256;
+        for (int m = 0; m < 16; m++) {
+            const int row = mt * 16 + m;
+            __m512i v = _mm512_setzero_si512();
+            if (row < M) {
+                const float *p = x + (size_t)row * ldx + kb * 32;
+                v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+                if (q4) v = _mm512_permutexvar_epi16(order, v);
+            }
+            _mm512_i32scatter_epi32(tile + m, stride, v, 4);
+        }
+    }
+}
+
+/* 16 weight rows (output columns n0..n0+15) -> bf16 [16][K], the "A" operand of every tile of the
+ * strip. 4-bit blocks: the 16-entry table d*j + m is rounded to bf16 once, stored twice (vpermw
+ * reads 5 index bits) and picked with vpermw. The indices come from one broadcast load of the
+ * block's 16 bytes shifted per 128-bit lane by 0, 8, 4, 12 bits: word i of lane l then holds in
+ * its low bits the low (l = 0, 1) or high (l = 2, 3) nibble of byte 2i + (l & 1), so the values
+ * come out in Q4_ORDER, not 0..31 (no cross-lane shuffle to put them back; x is packed in the same
+ * order). Two port-5 ops a block instead of five. */
+INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf, int il) {
+    const int K = w->k, NB = K / 32;
+    /* il: block-interleaved, [K/32][16 columns][32] (dp_tile), else [16 columns][K] (AMX tiles) */
+    const size_t col_step = il ? 32 : (size_t)K, blk_step = il ? 512 : 32;
+    if (fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q4_K) {
+        /* the strip's rows are contiguous in qs, sc and buf: one pass over 16 * NB blocks, with
+         * the pointers in registers (through w they were reloaded every block: buf may alias) */
+        const __m512i shifts = _mm512_set_epi64(0x000c000c000c000cLL, 0x000c000c000c000cLL, 0x0004000400040004LL,
+                                                0x0004000400040004LL, 0x0008000800080008LL, 0x0008000800080008LL, 0, 0);
+        const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1);
+        const uint8_t *q = w->qs + (size_t)n0 * NB * 16;
+        const float *s = w->sc + (fmt == SK_Q4_K ? 0 : (size_t)n0 * NB * 2);
+        size_t b = (size_t)n0 * NB;
+        for (int c = 0; c < 16; c++) {
+            uint16_t *dst = buf + c * col_step;
+            prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
+#pragma GCC unroll 2
+            for (int kb = 0; kb < NB; kb++, q += 16, dst += blk_step, b++) {
+                float s0, s1;
+                if (fmt == SK_Q4_K) {
+                    q4k_scale(w->sc, b, &s0, &s1);
+                } else {
+                    s0 = s[0];
+                    s1 = s[1];
+                    s += 2;
+                }
+                const __m512 tbl = _mm512_fmadd_ps(_mm512_set1_ps(s0), J, _mm512_set1_ps(s1));
+                const __m512i t32 = (__m512i)_mm512_cvtne2ps_pbh(tbl, tbl);
+                const __m512i qq = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q));
+                _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_srlv_epi16(qq, shifts), t32));
+            }
+        }
+        return;
+    }
+    for (int c = 0; c < 16; c++) {
+        uint16_t *dst = buf + c * col_step;
+        prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
+        for (int kb = 0; kb < NB; kb++) {
+            __m512 lo, hi;
+            dq_block(fmt, w, n0 + c, kb, &lo, &hi);
+            _mm512_storeu_si512(dst + kb * blk_step, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+static void dq_strip_any(const sk_w *w, int n0, uint16_t *buf, int il) {
+    switch (w->fmt) {
+    case SK_Q4_1: dq_strip(SK_Q4_1, w, n0, buf, il); break;
+    case SK_Q8_0: dq_strip(SK_Q8_0, w, n0, buf, il); break;
+    case SK_Q4_0: dq_strip(SK_Q4_0, w, n0, buf, il); break;
+    case SK_Q4_K: dq_strip(SK_Q4_K, w, n0, buf, il); break;
+    case SK_Q6_K: dq_strip(SK_Q6_K, w, n0, buf, il); break;
+    default: dq_strip(SK_F32, w, n0, buf, il); break;
+    }
+}
+
+static __thread uint16_t *t_strip;
+static __thread size_t t_strip_cap;
+
+static uint16_t *strip_buffer(size_t elems) {
+    if (t_strip_cap < elems) {
+        free(t_strip);
+        t_strip = aligned_alloc(64, (elems * 2 + 63) / 64 * 64);
+        if (!t_strip) abort(); /* a few hundred KB per thread: nothing sensible is left to do */
+        t_strip_cap = elems;
+    }
+    return t_strip;
+}
+
+/* C[c][m] = sum over k of A[c][k] x[m][k] for 16 weight columns c (a strip, bf16, block-interleaved
+ * [K/32][16][32]) and the 16 rows m of one packed tile row of x (bt: K/32 tiles of [16 pairs][16
+ * rows][2]); r[c] = column c's 16 rows. One x load feeds 16 vdpbf16ps, each with a weight pair
+ * broadcast from the strip (L1; constant offsets from one pointer). */
+INLINE void dp_tile(const uint16_t *a, const uint32_t *bt, int NB, __m512 r[16]) {
+    for (int c = 0; c < 16; c++) r[c] = _mm512_setzero_ps();
+    const uint32_t *ak = (const uint32_t *)a;
+    for (int kb = 0; kb < NB; kb++, ak += 256, bt += 256) {
+#pragma GCC unroll 4
+        for (int p = 0; p < 16; p++) {
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512(bt + p * 16);
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++)
+                r[c] = _mm512_dpbf16_ps(r[c], (__m512bh)_mm512_set1_epi32((int)ak[c * 16 + p]), xv);
+        }
+    }
+}
+
+/* Strips of 16 output columns are split over the threads; each is dequantized once and multiplied
+ * with every 16-row tile of x (packed into xb first) by dp_tile. */
+static void mm_dpbf16_team(const sk_w *w, int M, const float *x, int ldx, uint32_t *xb, float *y, int ldy, int acc,
+                           sk_team *t) {
+    const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
+    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, t);
+    team_barrier(t);
+    uint16_t *buf = strip_buffer((size_t)16 * K);
+    int s0, s1;
+    team_span(t, N / 16, &s0, &s1);
+    for (int s = s0; s < s1; s++) {
+        const int n0 = s * 16;
+        dq_strip_any(w, n0, buf, 1);
+        for (int mt = 0; mt < MT; mt++) {
+            __m512 r[16];
+            dp_tile(buf, xb + (size_t)mt * NB * 256, NB, r);
+            store_tile(r, y + (size_t)mt * 16 * ldy + n0, ldy, M - mt * 16 < 16 ? M - mt * 16 : 16, acc);
+        }
+    }
+}
+
+#if SK_AMX
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+static void amx_configure(void) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.rows[i] = 16;
+        cfg.colsb[i] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+
+/* Strips of 32 output columns (two tiles) are split over the threads; each strip is dequantized
+ * once and multiplied with every 16-row tile of x (packed into xb first). Threads must have loaded
+ * the tile configuration (amx_configure). */
+static void mm_amx_team(const sk_w *w, int M, const float *x, int ldx, uint32_t *xb, float *y, int ldy, int acc,
+                        sk_team *t) {
+    const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
+    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, t);
+    team_barrier(t);
+    uint16_t *buf = strip_buffer((size_t)32 * K);
+    float ctile[2][16 * 16] __attribute__((aligned(64)));
+    int s0, s1;
+    team_span(t, (N + 31) / 32, &s0, &s1);
+    for (int s = s0; s < s1; s++) {
+        const int n0 = s * 32, two = n0 + 16 < N;
+        dq_strip_any(w, n0, buf, 0);
+        if (two) dq_strip_any(w, n0 + 16, buf + (size_t)16 * K, 0);
+        for (int mt = 0; mt < MT; mt++) {
+            const uint32_t *bt = xb + (size_t)mt * NB * 256;
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int kb = 0; kb < NB; kb++) {
+                _tile_loadd(6, bt + (size_t)kb * 256, 64);
+                _tile_loadd(4, buf + kb * 32, K * 2);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two) {
+                    _tile_loadd(5, buf + (size_t)16 * K + kb * 32, K * 2);
+                    _tile_dpbf16ps(1, 5, 6);
+                }
+            }
+            _tile_stored(0, ctile[0], 64);
+            if (two) _tile_stored(1, ctile[1], 64);
+            const int rows = M - mt * 16 < 16 ? M - mt * 16 : 16;
+            for (int h = 0; h <= two; h++) {
+                __m512 r[16];
+                for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(ctile[h] + i * 16);
+                store_tile(r, y + (size_t)mt * 16 * ldy + n0 + h * 16, ldy, rows, acc);
+            }
+        }
+    }
+}
+#endif
+
+#endif

@@ -1,0 +1,189 @@
+/* Weight formats and their dequantization to fp32, for every instruction set the kernels build for.
+ * Included by sk_kernels.c only (after sk_vec.h). */
+#ifndef SK_DEQUANT_H
+#define SK_DEQUANT_H
+
+#include <string.h>
+
+enum { SK_F32 = 0, SK_Q4_1 = 1, SK_Q8_0 = 2, SK_Q4_0 = 3, SK_Q4_K = 4, SK_Q6_K = 5 };
+/* SK_Q4_K: a GGUF Q4_K super-block of 256 values as 8 blocks of 32. qs as Q4_1 (16 bytes a block:
+ * value i in the low nibble of byte i, value i + 16 in the high nibble); sc per super-block 24
+ * bytes: float d, float dmin, uint8 scale[8], uint8 min[8] (the 6-bit pairs unpacked). A block's
+ * values are (d * scale) * q - dmin * min, computed in fp32 as gguf's dequantize computes them.
+ * SK_Q6_K: a GGUF Q6_K super-block as 8 blocks of 32 with 6-bit values 0..63 in natural order; qs 24
+ * bytes a block: the low 4 bits as Q4_1's nibbles, then two uint32 holding the high 2 bits of
+ * values 0..15 and 16..31 (value i at bits 2i); sc per super-block 24 bytes: float d, 4 unused bytes,
+ * int8 scale[16] (one per 16 values). Values are (d * scale) * (q - 32), as in gguf. */
+
+/* A weight of n output rows by k inputs, repacked at load from the GGUF blocks into two arrays so
+ * the scales can be broadcast straight from memory (converting fp16 scales in the loop made it
+ * compute-bound; separate fp32 scales measured 25 % faster for batch-1 steps):
+ *   Q4_1: qs [n][k/32][16] (nibbles as in the file: low = values 0..15, high = 16..31), sc [n][k/32][2] = (d, m)
+ *   Q4_0: qs as Q4_1, sc [n][k/32][2] = (d, 0)
+ *   Q8_0: qs [n][k/32][32] int8, sc [n][k/32] = d
+ *   F32:  qs = float [n][k], sc unused */
+typedef struct {
+    int fmt, n, k;
+    const uint8_t *qs;
+    const float *sc;
+} sk_w;
+
+static const float J_Q4_1[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+static const float J_Q4_0[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+/* scale and offset of block b (row-major block index) of a SK_Q4_K weight */
+INLINE void q4k_scale(const float *sc, size_t b, float *s0, float *s1) {
+    const float *S = sc + 6 * (b >> 3);
+    const uint8_t *u = (const uint8_t *)(S + 2);
+    *s0 = S[0] * (float)u[b & 7];
+    *s1 = -(S[1] * (float)u[8 + (b & 7)]);
+}
+
+/* the (scale, offset) of a 4-bit block: value = s0 * q + s1 (q - 8 for Q4_0, see J_Q4_0) */
+INLINE void q4_scales(int fmt, const sk_w *w, size_t b, float *s0, float *s1) {
+    if (fmt == SK_Q4_K) {
+        q4k_scale(w->sc, b, s0, s1);
+    } else {
+        *s0 = w->sc[2 * b];
+        *s1 = w->sc[2 * b + 1];
+    }
+}
+
+#ifdef __AVX512F__
+/* Block kb of row n -> lo = values 0..15, hi = values 16..31, bit-identical to gguf's dequantize
+ * (Q4_1 d*q + m, Q4_0 d*(q-8), Q8_0 q*d, in fp32). The 4-bit formats dequantize a 16-entry table
+ * (d*j + m) and pick from it with vpermps: fewer instructions than converting every value. */
+INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, v16 *lo, v16 *hi) {
+    const int nb = w->k / 32;
+    const size_t b = (size_t)n * nb + kb;
+    if (fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q4_K) {
+        float s0, s1;
+        q4_scales(fmt, w, b, &s0, &s1);
+        const __m512 tbl = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(s0),
+                                                       _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1)),
+                                         _mm512_set1_ps(s1));
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->qs + 16 * b)));
+        *lo = _mm512_permutexvar_ps(q, tbl); /* vpermps reads only the low 4 bits of each index */
+        *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), tbl);
+    } else if (fmt == SK_Q6_K) {
+        const float *S = w->sc + 6 * (b >> 3);
+        const int8_t *scale = (const int8_t *)(S + 2) + 2 * (b & 7);
+        const uint8_t *qb = w->qs + 24 * b;
+        uint32_t h[2];
+        memcpy(h, qb + 16, 8);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qb));
+        const __m512i sh = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
+        const __m512i ql = _mm512_and_si512(q, m4), qh = _mm512_srli_epi32(q, 4);
+        const __m512i vl = _mm512_or_si512(ql, _mm512_slli_epi32(
+                                                   _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)h[0]), sh), m2), 4));
+        const __m512i vh = _mm512_or_si512(qh, _mm512_slli_epi32(
+                                                   _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)h[1]), sh), m2), 4));
+        *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(vl, off)), _mm512_set1_ps(S[0] * (float)scale[0]));
+        *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(vh, off)), _mm512_set1_ps(S[0] * (float)scale[1]));
+    } else if (fmt == SK_Q8_0) {
+        const __m512 d = _mm512_set1_ps(w->sc[b]);
+        const __m128i *q = (const __m128i *)(w->qs + 32 * b);
+        *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), d);
+        *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), d);
+    } else {
+        const float *f = (const float *)w->qs + (size_t)n * w->k + (size_t)kb * 32;
+        *lo = _mm512_loadu_ps(f);
+        *hi = _mm512_loadu_ps(f + 16);
+    }
+}
+#else
+/* AVX2: the same values (s0 * q then + s1, each rounded as gguf's numpy code rounds them), eight
+ * lanes at a time: converting the nibbles is as cheap as a table lookup without vpermps' 16 lanes */
+INLINE __m256 q4_8(__m256i q, int q4_0, __m256 s0, __m256 s1) {
+    if (q4_0) q = _mm256_sub_epi32(q, _mm256_set1_epi32(8));
+    return _mm256_add_ps(_mm256_mul_ps(s0, _mm256_cvtepi32_ps(q)), s1);
+}
+
+/* 8 Q6_K values: the low nibbles (shift 0) or high nibbles (4) of 8 bytes, their high bit pairs from
+ * bits 2i.. of h (i = first + lane) */
+INLINE __m256 q6_8(__m128i bytes8, int shift, uint32_t h, int first, float d) {
+    const __m256i sh = _mm256_add_epi32(_mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14), _mm256_set1_epi32(2 * first));
+    const __m256i q = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(bytes8), shift), _mm256_set1_epi32(15));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)h), sh), _mm256_set1_epi32(3));
+    const __m256i v = _mm256_sub_epi32(_mm256_or_si256(q, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d));
+}
+
+INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, v16 *lo, v16 *hi) {
+    const int nb = w->k / 32;
+    const size_t b = (size_t)n * nb + kb;
+    if (fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q4_K) {
+        float s0, s1;
+        q4_scales(fmt, w, b, &s0, &s1);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(w->qs + 16 * b));
+        const __m256i qa = _mm256_cvtepu8_epi32(q), qb = _mm256_cvtepu8_epi32(_mm_srli_si128(q, 8));
+        const __m256i m4 = _mm256_set1_epi32(15);
+        const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
+        const int z = fmt == SK_Q4_0;
+        lo->a = q4_8(_mm256_and_si256(qa, m4), z, vs0, vs1);
+        lo->b = q4_8(_mm256_and_si256(qb, m4), z, vs0, vs1);
+        hi->a = q4_8(_mm256_srli_epi32(qa, 4), z, vs0, vs1);
+        hi->b = q4_8(_mm256_srli_epi32(qb, 4), z, vs0, vs1);
+    } else if (fmt == SK_Q6_K) {
+        const float *S = w->sc + 6 * (b >> 3);
+        const int8_t *scale = (const int8_t *)(S + 2) + 2 * (b & 7);
+        const uint8_t *qb = w->qs + 24 * b;
+        uint32_t h[2];
+        memcpy(h, qb + 16, 8);
+        const __m128i q = _mm_loadu_si128((const __m128i *)qb), q8 = _mm_srli_si128(q, 8);
+        const float d0 = S[0] * (float)scale[0], d1 = S[0] * (float)scale[1];
+        lo->a = q6_8(q, 0, h[0], 0, d0);
+        lo->b = q6_8(q8, 0, h[0], 8, d0);
+        hi->a = q6_8(q, 4, h[1], 0, d1);
+        hi->b = q6_8(q8, 4, h[1], 8, d1);
+    } else if (fmt == SK_Q8_0) {
+        const __m256 d = _mm256_set1_ps(w->sc[b]);
+        const uint8_t *q = w->qs + 32 * b;
+        __m256 v[4];
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)))), d);
+        lo->a = v[0]; lo->b = v[1]; hi->a = v[2]; hi->b = v[3];
+    } else {
+        const float *f = (const float *)w->qs + (size_t)n * w->k + (size_t)kb * 32;
+        *lo = v16_load(f);
+        *hi = v16_load(f + 16);
+    }
+}
+#endif
+
+static void dq_row(const sk_w *w, int n, float *out) {
+    v16 lo, hi;
+    for (int kb = 0; kb < w->k / 32; kb++) {
+        dq_block(w->fmt, w, n, kb, &lo, &hi);
+        v16_store(out + kb * 32, lo);
+        v16_store(out + kb * 32 + 16, hi);
+    }
+}
+
+/* The hardware prefetcher alone kept a core at about half the memory bandwidth on the weight
+ * streams (the 210 layer matmuls of a batch-1 step: 7.0 ms without these prefetches, 5.1 ms with,
+ * same process and data; AMX strips 16 rows ahead: 16-row matmuls 12.3 -> 10.1 ms). */
+#define SK_PREFETCH_AHEAD 2048 /* bytes of qs ahead of the rows being multiplied */
+#define SK_STRIP_AHEAD 16      /* rows ahead of the one being dequantized into a strip */
+
+static int qs_block_bytes(int fmt) { return fmt == SK_Q8_0 ? 32 : fmt == SK_F32 ? 128 : fmt == SK_Q6_K ? 24 : 16; }
+static int sc_block_bytes(int fmt) {
+    return fmt == SK_Q8_0 ? 4 : fmt == SK_F32 ? 0 : (fmt == SK_Q4_K || fmt == SK_Q6_K) ? 3 : 8;
+}
+
+/* prefetcht0 as a volatile asm: GCC 12 deletes a loop of _mm_prefetch calls once it is inlined */
+INLINE void prefetch(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
+
+/* pull rows [n, n + count) of a weight (both of its arrays) towards the L1 */
+static inline void prefetch_rows(const sk_w *w, int n, int count) {
+    if (n + count > w->n) count = w->n - n;
+    if (count <= 0) return;
+    const size_t nb = w->k / 32, qb = qs_block_bytes(w->fmt), sb = sc_block_bytes(w->fmt);
+    const char *q = (const char *)w->qs + (size_t)n * nb * qb;
+    for (size_t i = 0; i < count * nb * qb; i += 64) prefetch(q + i);
+    const char *s = (const char *)w->sc + (size_t)n * nb * sb;
+    for (size_t i = 0; i < count * nb * sb; i += 64) prefetch(s + i);
+}
+
+#endif
