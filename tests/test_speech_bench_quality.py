@@ -25,6 +25,22 @@ def test_intelligibility_of_spanish_speech():
     assert result["dubbed_cer"] <= 0.10, result
 
 
+def test_intelligibility_of_audio_that_came_late():
+    """Synthesis behind: the first utterance's second half arrives after the second's text."""
+    import numpy as np
+
+    from streamkit.speech.kokoro import get_kokoro
+
+    voice = get_kokoro("jm_kumo", "es")
+    texts = ["Buenos días a todos.", "Gracias por unirse a la llamada."]
+    first, second = voice(texts[0]), voice(texts[1])
+    half = len(first) // 2
+    late = [first[:half], np.concatenate([first[half:], np.zeros(4800, np.float32), second])]
+    result = intelligibility(late, texts, 24000, "es")
+    assert result["dubbed_cer"] <= 0.10, result
+    assert len(result["dubbed_heard"]) == 2
+
+
 @pytest.mark.skipif(not Path("/usr/share/doc/asterisk-core-sounds-en").exists(),
                     reason="asterisk-core-sounds-en is not installed")
 def test_bench_asr_real_json(capsys):

@@ -47,24 +47,29 @@ def chrf(hypotheses: list[str], references: list[str], n: int = 6, beta: float =
 
 
 def intelligibility(utterance_audio: list[np.ndarray], spoken: list[str], rate: int, language: str) -> dict:
-    """Transcribe each utterance's dubbed audio with Whisper base; CER against the spoken text."""
+    """Transcribe the dubbed audio with Whisper base; CER against the text that was spoken.
+
+    The CER is of the whole stream (every utterance's audio in order against every spoken text in
+    order): where synthesis falls behind, an utterance's audio arrives after the next one's text
+    and a split by arrival time would count one utterance's words as missing and the next one's as
+    extra. How late the audio comes is the latency's measure, not this one. `dubbed_heard` is what
+    Whisper heard per utterance (by arrival time), for the log."""
     from streamkit.audio import resample_array
-    from streamkit.speech.cer import cer, normalize_chars
+    from streamkit.speech.cer import cer
     from streamkit.speech.whisper import get_whisper
 
     model = get_whisper("base")
-    errors = chars = 0.0
-    heard = []
-    for audio, text in zip(utterance_audio, spoken):
-        if not text.strip() or not len(audio):
-            continue
+
+    def hear(audio: np.ndarray) -> str:
         segments, _ = model.transcribe(resample_array(audio, rate, 16000), language=language, beam_size=5)
-        hyp = " ".join(s.text.strip() for s in segments)
-        heard.append(hyp)
-        n = len(normalize_chars(text))
-        errors += cer(text, hyp) * n
-        chars += n
-    return {"dubbed_cer": round(errors / chars, 4) if chars else None, "dubbed_heard": heard}
+        return " ".join(s.text.strip() for s in segments)
+
+    pairs = [(audio, text) for audio, text in zip(utterance_audio, spoken) if text.strip() and len(audio)]
+    if not pairs:
+        return {"dubbed_cer": None, "dubbed_heard": []}
+    heard = [hear(audio) for audio, _ in pairs]
+    whole = hear(np.concatenate([audio for audio, _ in pairs]))
+    return {"dubbed_cer": round(cer(" ".join(text for _, text in pairs), whole), 4), "dubbed_heard": heard}
 
 
 def spanish_prompts(count: int, gap_s: float, min_words: int = 4):
