@@ -8,14 +8,15 @@ at run time.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+
+from streamkit.joined_file import write_joined
 
 log = logging.getLogger("streamkit.engine")
 
@@ -101,14 +102,6 @@ def check_gguf(path: str | os.PathLike, m: PackagedModel) -> None:
                                 f"expected {m.architecture!r} with {m.block_count}")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def ensure_model(m: PackagedModel = QWEN_1_5B, directory: str | os.PathLike | None = None) -> str:
     """Path of the joined, verified model file; joins it from the installed packages the first time.
 
@@ -120,27 +113,9 @@ def ensure_model(m: PackagedModel = QWEN_1_5B, directory: str | os.PathLike | No
     if out.is_file() and out.stat().st_size == m.size and marker.is_file() and marker.read_text().strip() == m.sha256:
         return str(out)
     parts = _part_paths(m)
-    out_dir.mkdir(parents=True, exist_ok=True)
     log.info("engine: joining %d packaged parts into %s", len(parts), out)
-    h = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=m.name + ".", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for p in parts:
-                with open(p, "rb") as src:
-                    while chunk := src.read(1 << 22):
-                        h.update(chunk)
-                        f.write(chunk)
-        size = os.path.getsize(tmp)
-        if size != m.size or h.hexdigest() != m.sha256:
-            raise ModelPackageError(f"the joined parts of {m.name} are {size} bytes with sha256 {h.hexdigest()}; "
-                                    f"expected {m.size} bytes with sha256 {m.sha256}")
-        check_gguf(tmp, m)
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_joined([partial(open, p, "rb") for p in parts], out, m.size, m.sha256, ModelPackageError,
+                 check=lambda tmp: check_gguf(tmp, m))
     marker.write_text(m.sha256 + "\n")
     return str(out)
 

@@ -11,13 +11,15 @@ is $STREAMKIT_MODEL_CACHE, else $XDG_CACHE_HOME/streamkit/models, else ~/.cache/
 
 from __future__ import annotations
 
-import hashlib
 import importlib.resources as res
 import os
 import shutil
 import threading
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+
+from streamkit.joined_file import write_joined
 
 _lock = threading.Lock()
 
@@ -71,24 +73,8 @@ def join(spec: SplitFile, directory: Path) -> Path:
     with _lock:
         if out.exists() and out.stat().st_size == spec.size:
             return out
-        directory.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                for package, path in spec.parts:
-                    with _resource(package, path).open("rb") as part:
-                        while block := part.read(1 << 22):
-                            digest.update(block)
-                            f.write(block)
-            size = tmp.stat().st_size
-            if size != spec.size or digest.hexdigest() != spec.sha256:
-                raise PackagedModelError(
-                    f"{spec.name}: the joined parts are {size} bytes with sha256 {digest.hexdigest()}, expected "
-                    f"{spec.size} bytes with sha256 {spec.sha256}; reinstall the model packages")
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
+        resources = [_resource(package, path) for package, path in spec.parts]  # all installed?
+        write_joined([partial(r.open, "rb") for r in resources], out, spec.size, spec.sha256, PackagedModelError)
     return out
 
 

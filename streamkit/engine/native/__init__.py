@@ -39,10 +39,8 @@ ISAS = ("amx", "avx512", "avx2")  # best first
 _AVX2 = ["-mavx2", "-mfma", "-mf16c", "-mbmi2"]
 _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512cd"]
 # /proc/cpuinfo flags each path needs
-REQUIRES = {
-    "avx2": {"avx2", "fma", "f16c", "bmi2"},
-    "avx512": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"},
-}
+REQUIRES = {"avx2": {"avx2", "fma", "f16c", "bmi2"}}
+REQUIRES["avx512"] = REQUIRES["avx2"] | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
 REQUIRES["amx"] = REQUIRES["avx512"] | {"avx512_bf16", "amx_tile", "amx_bf16"}
 # weight formats understood by the kernels (block layouts exactly as in GGUF files)
 FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2, "Q4_0": 3, "Q4_K": 4, "Q6_K": 5}
