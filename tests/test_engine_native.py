@@ -16,7 +16,7 @@ from streamkit.engine.chat_template import ChatTemplate
 from streamkit.engine.gguf_loader import load_gguf
 from streamkit.engine.kv_cache import PagedKVCache
 from streamkit.engine.model import LlamaModel, StepBatch
-from streamkit.engine.native.model import NativeLlamaModel
+from streamkit.engine.native.model import INT8_GEMV, INT8_TWO_TERMS, NativeLlamaModel
 from streamkit.engine.native.weights import dequantize as native_dequantize
 from streamkit.engine.native.weights import pack, stack
 from streamkit.engine.reference import PROMPTS, chat
@@ -182,6 +182,55 @@ def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
     assert torch.equal(under, below)  # under its threshold
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("k", [576, 768])
+def test_gemv_int8_matmul_of_few_rows(kind, rows, k, isa):
+    """The int8 path of few rows (every path; activations in two int8 terms): K-quants at 1-2 rows,
+    the formats with a scale per block at 1 row, including a last group of fewer blocks (576 = 18
+    blocks): close to the fp32 product and visibly rounded, y += x . W^T, every row the same as
+    multiplied alone. Other cases take the fp32 path exactly."""
+    if kind in ("Q4_K", "Q6_K") and k % 256:
+        pytest.skip("K-quant rows are whole super-blocks of 256")
+    rng = np.random.default_rng(KINDS.index(kind) + 31 * rows + k)
+    n = 72  # an odd number of columns per thread
+    w = _weight(kind, n, k, rng)
+    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
+    y0 = torch.from_numpy(rng.standard_normal((rows, n)).astype(np.float32))
+    ref = y0 + x @ torch.from_numpy(native_dequantize(w)).T
+    mask = INT8_GEMV | INT8_TWO_TERMS
+    got = _matmul(w, x, 0, y=y0, isa=isa, int8_mask=mask)
+    exact = _matmul(w, x, 0, y=y0, isa=isa)
+    takes = rows <= 2 if kind in ("Q4_K", "Q6_K") else rows == 1 and kind != "F32"
+    if not takes:
+        assert torch.equal(got, exact)
+        return
+    err = ((got - ref).abs().max() / (ref - y0).abs().max()).item()
+    assert 1e-7 < err < 2e-4, err
+    alone = torch.cat([_matmul(w, x[r:r + 1], 0, y=y0[r:r + 1], isa=isa, int8_mask=mask) for r in range(rows)])
+    assert torch.equal(got, alone)
+
+
+def test_gemv_int8_handles_extreme_activations():
+    """Saturation edges of the int8 products: all-max weights against activations of one sign at
+    the quantization limit, and an all-zero row (scale 0) next to a huge one."""
+    if not native.available():
+        pytest.skip(f"native kernels unavailable: {native.error()}")
+    rng = np.random.default_rng(5)
+    for kind in ("Q4_K", "Q6_K", "Q8_0", "Q4_1"):
+        w = _weight(kind, 32, 512, rng)
+        if kind == "Q8_0":  # every weight at -128 or 127: Q8_0 + 128 would overflow vpmaddubsw's pairs
+            w.qs[:] = np.where(rng.random(w.qs.shape) < 0.5, 127, -128).astype(np.int8).view(w.qs.dtype)
+        x = torch.zeros(2, 512)
+        x[0] = 1e4  # every value at +127 after quantization
+        x[1, :256] = -3.5
+        ref = x @ torch.from_numpy(native_dequantize(w)).T
+        for r in range(2):  # the block formats take 1 row
+            got = _matmul(w, x[r:r + 1], 0, int8_mask=INT8_GEMV)
+            assert torch.isfinite(got).all()
+            assert ((got - ref[r]).abs().max() / ref[r].abs().max()).item() < 2e-4, kind
+
+
 def test_paths_agree_on_bf16_products(raw_model):
     """AMX tiles and vdpbf16ps multiply the same bf16 operands: equal up to fp32 summation order."""
     for i in ("amx", "avx512"):
@@ -274,7 +323,7 @@ def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, batch
     assert model.bf16_min_rows == (0 if not caps & native.CAP_BF16 else 6 if caps & native.CAP_AMX else 12)
     if os.environ.get("STREAMKIT_NATIVE_INT8", "2") == "2":
         assert model.int8_min_rows == (8 if caps & native.CAP_INT8 else 0)
-        assert model.int8_mask == 63  # two-term activations: one term fails the greedy gate
+        assert model.int8_mask == 127  # two-term activations (one term fails the greedy gate); 1-2 row int8
     if batched == "bf16":
         model.int8_min_rows = 0
         model.bf16_min_rows = min(model.bf16_min_rows, 6)  # so the 18-row prefills take it

@@ -45,6 +45,10 @@ DPBF16_MIN_ROWS = 12
 # of 16: the fp32 path is faster below 8 rows (6 rows: 229 vs 274 us).
 INT8_MIN_ROWS = 8
 INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
+# Steps of 1 or 2 rows (decode at batch 1-2) on Q4_K / Q6_K weights: llama.cpp's int8 scheme for
+# K-quants (sk_gemv.h), two activation terms, on every instruction set. STREAMKIT_NATIVE_GEMV=0
+# turns it off (fp32 FMAs, as before).
+INT8_GEMV = 64
 
 
 class NativeLlamaModel:
@@ -77,7 +81,8 @@ class NativeLlamaModel:
         terms = os.environ.get("STREAMKIT_NATIVE_INT8", "2")
         use_int8 = weights == "native" and bool(caps & native.CAP_INT8) and terms in ("1", "2")
         self.int8_min_rows = (int8_min_rows or INT8_MIN_ROWS) if use_int8 else 0
-        self.int8_mask = INT8_ALL | (INT8_TWO_TERMS if terms != "1" else 0)
+        use_gemv = weights == "native" and os.environ.get("STREAMKIT_NATIVE_GEMV", "1") != "0"
+        self.int8_mask = INT8_ALL | (INT8_TWO_TERMS if terms != "1" else 0) | (INT8_GEMV if use_gemv else 0)
         B, T = gm.blocks, gm.tensors
         exact = weights == "native-fp32"
 

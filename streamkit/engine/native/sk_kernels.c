@@ -49,6 +49,7 @@
 #include "sk_vec.h"
 #include "sk_dequant.h"
 #include "sk_fma.h"
+#include "sk_gemv.h"
 #if SK_BF16
 #include "sk_bf16.h"
 #endif
@@ -71,6 +72,11 @@ static int use_bf16(const sk_w *w, int M, int bf16_min_rows) {
     return SK_BF16 && bf16_min_rows > 0 && M >= bf16_min_rows && w->n % 16 == 0;
 }
 
+/* the int8 path of few rows (sk_gemv.h) */
+static int use_gemv(const sk_w *w, int M, int gemv) {
+    return gemv && gemv_takes(w, M);
+}
+
 static int use_i8(const sk_w *w, int M, int i8_min_rows) {
 #if SK_VNNI
     return i8_min_rows > 0 && M >= i8_min_rows && w->n % 16 == 0 && i8_format(w->fmt);
@@ -82,9 +88,12 @@ static int use_i8(const sk_w *w, int M, int i8_min_rows) {
 
 /* y [M][ldy] (+)= x [M][ldx] . W^T by every thread of the team, then a barrier; xb: xb_elems(M, w->k).
  * Steps of at least i8_min_rows rows take the int8 path where the weight's format has one, else
- * from bf16_min_rows the bf16 path (0: never; both 0: all fp32, exact). */
+ * from bf16_min_rows the bf16 path (0: never; both 0: all fp32, exact); with gemv, K-quant weights
+ * of at most SK_GEMV_MAX_ROWS rows take the int8 path of few rows (sk_gemv.h). */
 static void matmul_team(const sk_w *w, int M, const float *x, int ldx, float *y, int ldy, int acc, int bf16_min_rows,
-                        int i8_min_rows, int i8_two, uint32_t *xb, sk_team *t) {
+                        int i8_min_rows, int i8_two, int gemv, uint32_t *xb, sk_team *t) {
+    if (use_gemv(w, M, gemv)) mm_gemv_team(w, M, x, ldx, (uint8_t *)xb, y, ldy, acc, t);
+    else
 #if SK_VNNI
     if (use_i8(w, M, i8_min_rows)) mm_i8_team(w, M, x, ldx, xb, y, ldy, acc, i8_two, t);
     else
@@ -414,6 +423,7 @@ static void forward_job(void *p, sk_team *t) {
     const forward_args *f = p;
 #define I8(bit) ((f->i8_mask & (bit)) ? f->i8_min_rows : 0) /* the int8 threshold of one matmul */
 #define I8_TWO ((f->i8_mask & 32) != 0)
+#define GEMV ((f->i8_mask & SK_GEMV) != 0)
     sk_model *m = f->m;
     const int T = f->T, D = m->dim, H = m->n_heads, KV = m->n_kv, hd = m->head_dim, F = m->ffn, G = H / KV;
     const int QKV = (H + 2 * KV) * hd, A = H * hd, amr = f->bf16_min_rows;
@@ -426,7 +436,7 @@ static void forward_job(void *p, sk_team *t) {
         const sk_layer *L = &m->layers[l];
         norm_rows(m, m->x, L->attn_norm, T, m->h, t);
         team_barrier(t);
-        matmul_team(&L->qkv, T, m->h, D, m->qkv, QKV, 0, amr, I8(1), I8_TWO, m->xb, t);
+        matmul_team(&L->qkv, T, m->h, D, m->qkv, QKV, 0, amr, I8(1), I8_TWO, GEMV, m->xb, t);
         team_span(t, T, &a, &b);
         for (int r = a; r < b; r++) {
             float *q = m->qkv + (size_t)r * QKV, *k = q + A, *v = k + KV * hd;
@@ -444,24 +454,25 @@ static void forward_job(void *p, sk_team *t) {
                    f->tables + (size_t)f->tok_seq[r] * f->nb_stride, m->att + (size_t)r * A + (size_t)j * G * hd);
         }
         team_barrier(t);
-        matmul_team(&L->o, T, m->att, A, m->x, D, 1, amr, I8(2), I8_TWO, m->xb, t);
+        matmul_team(&L->o, T, m->att, A, m->x, D, 1, amr, I8(2), I8_TWO, GEMV, m->xb, t);
         norm_rows(m, m->x, L->ffn_norm, T, m->h, t);
         team_barrier(t);
-        matmul_team(&L->gu, T, m->h, D, m->gu, 2 * F, 0, amr, I8(4), I8_TWO, m->xb, t);
+        matmul_team(&L->gu, T, m->h, D, m->gu, 2 * F, 0, amr, I8(4), I8_TWO, GEMV, m->xb, t);
         team_span(t, T, &a, &b);
         for (int r = a; r < b; r++)
             silu_mul(m->gu + (size_t)r * 2 * F, m->gu + (size_t)r * 2 * F + F, F, m->act + (size_t)r * F);
         team_barrier(t);
-        matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), I8_TWO, m->xb, t);
+        matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), I8_TWO, GEMV, m->xb, t);
     }
     team_span(t, f->R, &a, &b);
     for (int r = a; r < b; r++)
         rms_norm(m->x + (size_t)f->logit_rows[r] * D, m->out_norm, D, m->eps, m->lx + (size_t)r * D);
     team_barrier(t);
-    matmul_team(&m->head, f->R, m->lx, D, f->logits, m->vocab, 0, amr, I8(16), I8_TWO, m->xb, t);
+    matmul_team(&m->head, f->R, m->lx, D, f->logits, m->vocab, 0, amr, I8(16), I8_TWO, GEMV, m->xb, t);
     team_end(f->amx);
 #undef I8
 #undef I8_TWO
+#undef GEMV
 }
 
 /* One step over T tokens of any mix of sequences. Token t sits at position pos[t] of the sequence
@@ -469,7 +480,8 @@ static void forward_job(void *p, sk_team *t) {
  * and it attends to positions 0..pos[t] (its own included). Logits [R][vocab] for rows logit_rows,
  * on nt threads (0: all CPUs). Matmuls of at least bf16_min_rows rows run in bf16 (0: never), of at
  * least i8_min_rows in int8 where i8_mask has their bit (1 qkv, 2 o, 4 gate/up, 8 down, 16 LM head;
- * 32: activations as two int8 terms).
+ * 32: activations as two int8 terms; 64: K-quant matmuls of at most SK_GEMV_MAX_ROWS rows in int8,
+ * sk_gemv.h).
  * Returns 0; -1 when scratch memory could not be allocated, -2 for a token id or position out of range. */
 SK_API int sk_forward(sk_model *m, int T, const int32_t *ids, const int32_t *pos, const int64_t *slots,
                       const int32_t *tok_seq, const int32_t *tables, int nb_stride, int R, const int32_t *logit_rows,
@@ -491,7 +503,7 @@ SK_API int sk_forward(sk_model *m, int T, const int32_t *ids, const int32_t *pos
 
 typedef struct {
     sk_w w;
-    int M, acc, bf16_min_rows, i8_min_rows, i8_two, amx;
+    int M, acc, bf16_min_rows, i8_min_rows, i8_two, gemv, amx;
     const float *x;
     float *y;
     uint32_t *xb;
@@ -500,16 +512,18 @@ typedef struct {
 static void matmul_job(void *p, sk_team *t) {
     const matmul_args *a = p;
     team_begin(a->amx);
-    matmul_team(&a->w, a->M, a->x, a->w.k, a->y, a->w.n, a->acc, a->bf16_min_rows, a->i8_min_rows, a->i8_two, a->xb, t);
+    matmul_team(&a->w, a->M, a->x, a->w.k, a->y, a->w.n, a->acc, a->bf16_min_rows, a->i8_min_rows, a->i8_two, a->gemv, a->xb, t);
     team_end(a->amx);
 }
 
 /* y [M][N] (+)= x [M][K] . W^T through the same dispatch as the forward */
 SK_API int sk_matmul(int fmt, const uint8_t *qs, const float *sc, int N, int K, int M, const float *x, float *y, int acc,
                      int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
-    matmul_args a = {{fmt, N, K, qs, sc}, M, acc, bf16_min_rows, i8_min_rows, (i8_mask & 32) != 0, 0, x, y, NULL};
-    a.amx = SK_AMX && g_amx && use_bf16(&a.w, M, bf16_min_rows) && !use_i8(&a.w, M, i8_min_rows);
-    if ((use_bf16(&a.w, M, bf16_min_rows) || use_i8(&a.w, M, i8_min_rows)) &&
+    matmul_args a = {{fmt, N, K, qs, sc}, M, acc, bf16_min_rows, i8_min_rows, (i8_mask & 32) != 0,
+                     (i8_mask & SK_GEMV) != 0, 0, x, y, NULL};
+    const int gemv = use_gemv(&a.w, M, a.gemv);
+    a.amx = SK_AMX && g_amx && !gemv && use_bf16(&a.w, M, bf16_min_rows) && !use_i8(&a.w, M, i8_min_rows);
+    if ((gemv || use_bf16(&a.w, M, bf16_min_rows) || use_i8(&a.w, M, i8_min_rows)) &&
         !(a.xb = aligned_alloc(64, xb_elems(M, K) * 4)))
         return -1;
     if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);

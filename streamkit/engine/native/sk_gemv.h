@@ -1,0 +1,570 @@
+/* The int8 path of steps with few rows (decode at batch 1-7) on K-quant weights (Q4_K, Q6_K), on
+ * every instruction set the kernels build for (AVX2 is enough; AVX-512 VNNI fuses a step).
+ *
+ * llama.cpp's scheme for these formats: activations quantized per super-block of 256 values, the
+ * weights' 4- or 6-bit integers multiplied with them in int16 pairs (vpmaddubsw), the super-block's
+ * integer sub-block scales applied in int32 (vpmaddwd + add, or vpdpwssd with VNNI) and one fp32
+ * multiply per super-block; Q4_K's mins and Q6_K's -32 come from per-16 sums of the activations.
+ * Against the fp32 path this does about a third of the instructions per weight, which is what a
+ * batch-1 step of the 1.5B was bound by (0.32 of the memory roofline in fp32).
+ * The activations are two int8 terms (the second quantizing what the first left), ~15 bits of each
+ * value, as the batched int8 path does: one term failed the greedy-agreement gate there (sk_int8.h).
+ *
+ * x layout, per row (gemv_x_stride bytes): q [2 terms][K] int8, each group of G 32-value blocks
+ * (G = 4 on AVX-512, 2 on AVX2: one register of 4-bit weights) stored as the first halves of its
+ * blocks, then the second halves (A0..15 B0..15 .. A16..31 B16..31 ..), the order in which a load of
+ * the group's nibbles splits into low and high halves by and/shift alone; then d [2][K/256] float;
+ * then bs [2][K/16] int16, the sums of 16 consecutive q in natural order.
+ * Included by sk_kernels.c only (after sk_dequant.h). */
+#ifndef SK_GEMV_H
+#define SK_GEMV_H
+
+#include <math.h>
+
+#define SK_GEMV 64 /* the i8_mask bit: K-quant matmuls of at most SK_GEMV_MAX_ROWS rows take this path */
+/* Rows from which the fp32 path, which dequantizes once per 4 rows, catches up: int8 work grows
+ * with every row (Q4_K 17920 x 1536, 2 threads, fp32 vs int8 ms: 1 row 1.36 vs 0.62, 2 rows 1.53
+ * vs 1.05, 3 rows 1.65 vs 1.58, 4 rows 1.81 vs 2.72). */
+#define SK_GEMV_MAX_ROWS 2
+#ifdef __AVX512F__
+#define SK_GEMV_G 4
+#else
+#define SK_GEMV_G 2
+#endif
+
+INLINE int gemv_kquant(int fmt) { return fmt == SK_Q4_K || fmt == SK_Q6_K; }
+
+static size_t gemv_x_stride(int K) { return ((size_t)2 * K + (size_t)2 * (K / 256) * 4 + (size_t)2 * (K / 16) * 2 + 63) / 64 * 64; }
+
+typedef struct {
+    const int8_t *q;   /* [2][K] */
+    const float *d;    /* [2][K/256] */
+    const int16_t *bs; /* [2][K/16] */
+} gemv_x;
+
+INLINE gemv_x gemv_row(const uint8_t *xb, int K, int r) {
+    const uint8_t *p = xb + (size_t)r * gemv_x_stride(K);
+    const gemv_x g = {(const int8_t *)p, (const float *)(p + 2 * (size_t)K),
+                      (const int16_t *)(p + 2 * (size_t)K + (size_t)2 * (K / 256) * 4)};
+    return g;
+}
+
+/* one term of 256 values v (natural order) into q (pair-permuted), its scale and per-16 sums;
+ * v <- what it leaves */
+static void gemv_quant_term(float *v, int8_t *q, float *d, int16_t *bs) {
+    float amax = 0.0f;
+    for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(v[i]));
+    const float dd = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = dd;
+    for (int h = 0; h < 16; h++) {
+        int sum = 0;
+        for (int i = 16 * h; i < 16 * h + 16; i++) {
+            const int qi = (int)lrintf(v[i] * id);
+            v[i] -= dd * (float)qi;
+            sum += qi;
+            /* natural i -> group, block in it, half, index */
+            const int j = i % (32 * SK_GEMV_G), blk = j >> 5, half = (j >> 4) & 1;
+            q[i - j + half * 16 * SK_GEMV_G + blk * 16 + (j & 15)] = (int8_t)qi;
+        }
+        bs[h] = (int16_t)sum;
+    }
+}
+
+/* x [M][K] -> the layout above in xb, this thread's share of (row, super-block) pairs */
+static void gemv_pack_x_team(const float *x, int ldx, int M, int K, uint8_t *xb, sk_team *t) {
+    const int NS = K / 256;
+    int i0, i1;
+    team_span(t, M * NS, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        const int r = i / NS, s = i % NS;
+        uint8_t *p = xb + (size_t)r * gemv_x_stride(K);
+        int8_t *q = (int8_t *)p;
+        float *d = (float *)(p + 2 * (size_t)K);
+        int16_t *bs = (int16_t *)(p + 2 * (size_t)K + (size_t)2 * NS * 4);
+        float v[256];
+        memcpy(v, x + (size_t)r * ldx + (size_t)s * 256, sizeof v);
+        gemv_quant_term(v, q + s * 256, d + s, bs + s * 16);
+        gemv_quant_term(v, q + K + s * 256, d + NS + s, bs + K / 16 + s * 16);
+    }
+}
+
+INLINE __m256i lanes4(int a, int b) { return _mm256_setr_epi32(a, a, a, a, b, b, b, b); }
+
+INLINE float sum8(__m256 a) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+#ifdef __AVX512F__
+/* acc + sums of 4 products of u8 u and s8 x */
+INLINE __m512i dot_u8s8(__m512i acc, __m512i u, __m512i x) {
+#if SK_VNNI
+    return _mm512_dpbusd_epi32(acc, u, x);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
+#endif
+}
+
+/* AVX-512: four 32-value blocks a register */
+INLINE __m512i madd_acc16(__m512i acc, __m512i p, __m512i s) {
+#if SK_VNNI
+    return _mm512_dpwssd_epi32(acc, p, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
+#endif
+}
+
+INLINE __m512i dup16x(__m512i d32) {
+    return _mm512_or_si512(_mm512_and_si512(d32, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(d32, 16));
+}
+
+/* dword lanes 4i..4i+3 <- lane a + i * step of src (i = 0..3) */
+INLINE __m512i lanes16(__m512i src, int a, int step) {
+    const __m512i idx = _mm512_setr_epi32(a, a, a, a, a + step, a + step, a + step, a + step, a + 2 * step,
+                                          a + 2 * step, a + 2 * step, a + 2 * step, a + 3 * step, a + 3 * step,
+                                          a + 3 * step, a + 3 * step);
+    return _mm512_permutexvar_epi32(idx, src);
+}
+
+/* Q6_K: the high 2 bits (at bit 4) of 16 values of each of 4 blocks, from their h words */
+INLINE __m512i q6_high4(uint32_t h0, uint32_t h1, uint32_t h2, uint32_t h3) {
+    const __m512i v = _mm512_setr_epi32((int)h0, (int)h0, (int)h0, (int)h0, (int)h1, (int)h1, (int)h1, (int)h1,
+                                        (int)h2, (int)h2, (int)h2, (int)h2, (int)h3, (int)h3, (int)h3, (int)h3);
+    const __m512i spread = _mm512_shuffle_epi8(v, _mm512_set4_epi32(0x03030303, 0x02020202, 0x01010101, 0));
+    const __m512i f = _mm512_and_si512(spread, _mm512_set1_epi32((int)0xC0300C03u));
+    const __m512i lut = _mm512_set4_epi32(0x00000030, 0x00000020, 0x00000010, 0x30201000);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    return _mm512_or_si512(_mm512_shuffle_epi8(lut, _mm512_and_si512(f, m4)),
+                           _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(f, 4), m4)));
+}
+
+INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
+    const int K = w->k, NS = K / 256;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    gemv_x X[4];
+    __m512 f[4];
+    for (int r = 0; r < MR; r++) {
+        X[r] = gemv_row(xb, K, r);
+        f[r] = _mm512_setzero_ps();
+    }
+    for (int s = 0; s < NS; s++) {
+        const float *S = w->sc + (size_t)6 * ((size_t)n * NS + s);
+        __m512i ia[4][2];
+        for (int r = 0; r < MR; r++) ia[r][0] = ia[r][1] = _mm512_setzero_si512();
+        if (fmt == SK_Q4_K) {
+            const uint8_t *u = (const uint8_t *)(S + 2); /* scale[8], min[8] */
+            const __m512i sc = dup16x(_mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
+            const uint8_t *qs = w->qs + ((size_t)n * NS + s) * 128;
+#pragma GCC unroll 2
+            for (int g = 0; g < 2; g++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
+                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                const __m512i scg = lanes16(sc, 4 * g, 1);
+                for (int r = 0; r < MR; r++)
+                    for (int t = 0; t < 2; t++) {
+                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 128 * g;
+                        ia[r][t] = madd_acc16(ia[r][t], _mm512_maddubs_epi16(lo, _mm512_loadu_si512((const void *)xq)), scg);
+                        ia[r][t] = madd_acc16(ia[r][t], _mm512_maddubs_epi16(hi, _mm512_loadu_si512((const void *)(xq + 64))), scg);
+                    }
+            }
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 8)));
+            for (int r = 0; r < MR; r++)
+                for (int t = 0; t < 2; t++) {
+                    const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
+                    const __m128i b32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs), _mm_loadu_si128((const __m128i *)(bs + 8)));
+                    const __m128i pm = _mm_madd_epi16(mins, b32);
+                    const float dx = X[r].d[t * NS + s];
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][t]), _mm512_set1_ps(S[0] * dx), f[r]);
+                    f[r] = _mm512_add_ps(f[r], _mm512_zextps128_ps512(_mm_mul_ps(_mm_cvtepi32_ps(pm), _mm_set1_ps(-S[1] * dx))));
+                }
+        } else { /* SK_Q6_K */
+            const int8_t *sc8 = (const int8_t *)(S + 2); /* scale[16], one per 16 values */
+            const __m512i sc = dup16x(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc8)));
+            const uint8_t *qs = w->qs + ((size_t)n * NS + s) * 8 * 24;
+#pragma GCC unroll 2
+            for (int g = 0; g < 2; g++) {
+                const uint8_t *q0 = qs + 96 * g;
+                uint32_t h[4][2];
+                for (int b = 0; b < 4; b++) memcpy(h[b], q0 + 24 * b + 16, 8);
+                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q0));
+                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q0 + 24)), 1);
+                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q0 + 48)), 2);
+                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q0 + 72)), 3);
+                const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m4), q6_high4(h[0][0], h[1][0], h[2][0], h[3][0]));
+                const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                                   q6_high4(h[0][1], h[1][1], h[2][1], h[3][1]));
+                /* block 4g + b's halves use scales 2(4g + b) and 2(4g + b) + 1 */
+                const __m512i sclo = lanes16(sc, 8 * g, 2), schi = lanes16(sc, 8 * g + 1, 2);
+                for (int r = 0; r < MR; r++)
+                    for (int t = 0; t < 2; t++) {
+                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 128 * g;
+                        ia[r][t] = madd_acc16(ia[r][t], _mm512_maddubs_epi16(lo, _mm512_loadu_si512((const void *)xq)), sclo);
+                        ia[r][t] = madd_acc16(ia[r][t], _mm512_maddubs_epi16(hi, _mm512_loadu_si512((const void *)(xq + 64))), schi);
+                    }
+            }
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8));
+            for (int r = 0; r < MR; r++)
+                for (int t = 0; t < 2; t++) {
+                    const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
+                    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bs));
+                    const __m512i iv = _mm512_sub_epi32(ia[r][t], _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
+                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_set1_ps(S[0] * X[r].d[t * NS + s]), f[r]);
+                }
+        }
+    }
+    for (int r = 0; r < MR; r++) {
+        const float sum = _mm512_reduce_add_ps(f[r]);
+        float *o = y + (size_t)r * ldy + n;
+        *o = acc ? *o + sum : sum;
+    }
+}
+#else
+/* AVX2: two 32-value blocks a register */
+/* acc + the int16 pairs p times the int16 scales s, summed in int32 pairs */
+INLINE __m256i madd_acc(__m256i acc, __m256i p, __m256i s) {
+#if SK_VNNI
+    return _mm256_dpwssd_epi32(acc, p, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+#endif
+}
+
+/* each dword's low int16 copied into its high half: a dword lane then broadcasts one int16 scale */
+INLINE __m256i dup16(__m256i d32) {
+    return _mm256_or_si256(_mm256_and_si256(d32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(d32, 16));
+}
+
+
+/* Q6_K: the high 2 bits (at bit 4) of 16 values of block A (h bits of ha) and 16 of block B */
+INLINE __m256i q6_high(uint32_t ha, uint32_t hb) {
+    const __m256i v = _mm256_setr_epi32((int)ha, (int)ha, (int)ha, (int)ha, (int)hb, (int)hb, (int)hb, (int)hb);
+    const __m256i spread = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                                                   0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    /* byte 4j + i keeps bits 2i, 2i+1 of h's byte j: value 4j + i's pair */
+    const __m256i f = _mm256_and_si256(spread, _mm256_set1_epi32((int)0xC0300C03u));
+    /* the field, wherever it sits in its byte, to bits 4-5: one table for either nibble */
+    const __m256i lut = _mm256_setr_epi8(0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0,
+                                         0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    return _mm256_or_si256(_mm256_shuffle_epi8(lut, _mm256_and_si256(f, m4)),
+                           _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(f, 4), m4)));
+}
+
+
+/* y[r][n] (+)= x[r] . W[n] for MR rows (<= 4), W in Q4_K or Q6_K */
+INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
+    const int K = w->k, NS = K / 256;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    gemv_x X[4];
+    __m256 f[4];
+    for (int r = 0; r < MR; r++) {
+        X[r] = gemv_row(xb, K, r);
+        f[r] = _mm256_setzero_ps();
+    }
+    for (int s = 0; s < NS; s++) {
+        const float *S = w->sc + (size_t)6 * ((size_t)n * NS + s);
+        __m256i ia[4][2];
+        for (int r = 0; r < MR; r++) ia[r][0] = ia[r][1] = _mm256_setzero_si256();
+        if (fmt == SK_Q4_K) {
+            const uint8_t *u = (const uint8_t *)(S + 2); /* scale[8], min[8] */
+            const __m256i sc = dup16(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
+            const uint8_t *qs = w->qs + ((size_t)n * NS + s) * 128;
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+                const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                const __m256i scp = _mm256_permutevar8x32_epi32(sc, lanes4(2 * p, 2 * p + 1));
+                for (int r = 0; r < MR; r++)
+                    for (int t = 0; t < 2; t++) {
+                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 64 * p;
+                        ia[r][t] = madd_acc(ia[r][t], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)), scp);
+                        ia[r][t] = madd_acc(ia[r][t], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))), scp);
+                    }
+            }
+            /* - dmin * sum_j min_j * (sum of block j's x), the sums of 32 from the per-16 ones */
+            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 8)));
+            for (int r = 0; r < MR; r++)
+                for (int t = 0; t < 2; t++) {
+                    const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
+                    const __m128i b32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs), _mm_loadu_si128((const __m128i *)(bs + 8)));
+                    const __m128i pm = _mm_madd_epi16(mins, b32);
+                    const float dx = X[r].d[t * NS + s];
+                    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(ia[r][t]), _mm256_set1_ps(S[0] * dx));
+                    f[r] = _mm256_add_ps(f[r], v);
+                    f[r] = _mm256_add_ps(f[r], _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtepi32_ps(pm), _mm_set1_ps(-S[1] * dx))));
+                }
+        } else { /* SK_Q6_K */
+            const int8_t *sc8 = (const int8_t *)(S + 2); /* scale[16], one per 16 values */
+            const __m256i sca = dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc8)));
+            const __m256i scb = dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc8 + 8))));
+            const uint8_t *qs = w->qs + ((size_t)n * NS + s) * 8 * 24;
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) {
+                const uint8_t *qa = qs + 48 * p, *qb = qa + 24;
+                uint32_t ha[2], hb[2];
+                memcpy(ha, qa + 16, 8);
+                memcpy(hb, qb + 16, 8);
+                const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qa)),
+                                                          _mm_loadu_si128((const __m128i *)qb), 1);
+                const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), q6_high(ha[0], hb[0]));
+                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), q6_high(ha[1], hb[1]));
+                const __m256i src = p < 2 ? sca : scb;
+                const int b = 4 * (p & 1);
+                const __m256i sclo = _mm256_permutevar8x32_epi32(src, lanes4(b, b + 2));
+                const __m256i schi = _mm256_permutevar8x32_epi32(src, lanes4(b + 1, b + 3));
+                for (int r = 0; r < MR; r++)
+                    for (int t = 0; t < 2; t++) {
+                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 64 * p;
+                        ia[r][t] = madd_acc(ia[r][t], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)), sclo);
+                        ia[r][t] = madd_acc(ia[r][t], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))), schi);
+                    }
+            }
+            /* the values are q - 32: subtract 32 * sum_h scale_h * (sum of those 16 x) */
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8));
+            for (int r = 0; r < MR; r++)
+                for (int t = 0; t < 2; t++) {
+                    const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
+                    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bs));
+                    const __m256i iv = _mm256_sub_epi32(ia[r][t], _mm256_slli_epi32(off, 5));
+                    f[r] = _mm256_add_ps(f[r], _mm256_mul_ps(_mm256_cvtepi32_ps(iv), _mm256_set1_ps(S[0] * X[r].d[t * NS + s])));
+                }
+        }
+    }
+    for (int r = 0; r < MR; r++) {
+        const float sum = sum8(f[r]);
+        float *o = y + (size_t)r * ldy + n;
+        *o = acc ? *o + sum : sum;
+    }
+}
+
+#endif
+
+
+/* ------------------------------------------------------------------ Q4_1, Q4_0, Q8_0
+ * The same for the formats with an fp32 scale per block of 32 (as llama.cpp's Q4_0 x Q8_0): the
+ * activations get a scale per block too, so each block's int32 sum is scaled in fp32. Every format
+ * 4-bit format is "u8 values with a scale and an offset per block" as in sk_int8.h: value = s0 * u + s1,
+ * so sum value * x = s0 * dx * sum(u qx) + s1 * dx * sum(qx). Q8_0 multiplies |q| with x carrying
+ * q's sign (llama.cpp's trick): q + 128 would overflow vpmaddubsw's int16 pairs.
+ * x layout, per row (gemv_b_stride bytes): q [2][K] int8 (the 4-bit formats in the group order
+ * above, a last group of fewer blocks as G = 2; Q8_0 in natural order), dx [2][K/32],
+ * sx [2][K/32] = dx * sum(q) per block. */
+
+INLINE int gemv_block_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q8_0; }
+
+/* whether this path takes M rows of w: K-quants up to SK_GEMV_MAX_ROWS rows; the formats with a
+ * scale per block, whose fp32 path is cheaper (no integer scales to apply), at 1 row only */
+INLINE int gemv_takes(const sk_w *w, int M) {
+    if (gemv_kquant(w->fmt)) return M <= SK_GEMV_MAX_ROWS && w->k % 256 == 0;
+    return M == 1 && gemv_block_format(w->fmt) && w->k % 64 == 0;
+}
+
+static size_t gemv_b_stride(int K) { return ((size_t)2 * K + (size_t)4 * (K / 32) * 4 + 63) / 64 * 64; }
+
+static void gemv_pack_blocks_team(const float *x, int ldx, int M, int K, int grouped, uint8_t *xb, sk_team *t) {
+    const int NB = K / 32;
+    int i0, i1;
+    team_span(t, M * NB, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        const int r = i / NB, b = i % NB;
+        const int g0 = b - b % SK_GEMV_G, gsz = NB - g0 < SK_GEMV_G ? NB - g0 : SK_GEMV_G, blk = b - g0;
+        uint8_t *p = xb + (size_t)r * gemv_b_stride(K);
+        float *dx = (float *)(p + 2 * (size_t)K), *sx = dx + 2 * NB;
+        float v[32];
+        memcpy(v, x + (size_t)r * ldx + (size_t)b * 32, sizeof v);
+        for (int term = 0; term < 2; term++) {
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+            const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            int8_t *q = (int8_t *)p + (size_t)term * K;
+            for (int j = 0; j < 32; j++) {
+                const int qi = (int)lrintf(v[j] * id);
+                v[j] -= d * (float)qi;
+                sum += qi;
+                q[grouped ? g0 * 32 + (j >> 4) * 16 * gsz + blk * 16 + (j & 15) : b * 32 + j] = (int8_t)qi;
+            }
+            dx[term * NB + b] = d;
+            sx[term * NB + b] = d * (float)sum;
+        }
+    }
+}
+
+/* lanes 0..n-1 of p (n = 2 or 4), the rest zero */
+INLINE __m128 load_n(const float *p, int n) {
+    return n == 4 ? _mm_loadu_ps(p) : _mm_castpd_ps(_mm_load_sd((const double *)p));
+}
+
+/* (s0, s1) of n (2 or 4) consecutive blocks from b */
+INLINE void block_scales(int fmt, const sk_w *w, size_t b, int n, __m128 *s0, __m128 *s1) {
+    if (fmt == SK_Q8_0) {
+        *s0 = load_n(w->sc + b, n);
+        *s1 = _mm_setzero_ps();
+    } else {
+        const __m128 a = _mm_loadu_ps(w->sc + 2 * b), c = n == 4 ? _mm_loadu_ps(w->sc + 2 * b + 4) : _mm_setzero_ps();
+        *s0 = _mm_shuffle_ps(a, c, _MM_SHUFFLE(2, 0, 2, 0)); /* d m d m | d m d m */
+        *s1 = fmt == SK_Q4_0 ? _mm_mul_ps(*s0, _mm_set1_ps(-8.0f)) : _mm_shuffle_ps(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+INLINE __m256i dot256(__m256i acc, __m256i u, __m256i x) {
+#if SK_VNNI
+    return _mm256_dpbusd_epi32(acc, u, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* two blocks from b of column n, 256 bits wide: f[r] += the products, o[r] += the offsets */
+INLINE void gemv_pair(int fmt, int MR, const sk_w *w, int n, int b, const uint8_t *xb, __m256 *f, __m128 *o) {
+    const int K = w->k, NB = K / 32;
+    const size_t gb = (size_t)n * NB + b, stride = gemv_b_stride(K);
+    __m128 s0, s1;
+    block_scales(fmt, w, gb, 2, &s0, &s1);
+    __m256i u[2], sg[2];
+    if (fmt == SK_Q8_0) {
+        for (int j = 0; j < 2; j++) {
+            sg[j] = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * (gb + j)));
+            u[j] = _mm256_abs_epi8(sg[j]);
+        }
+    } else {
+        const __m256i m4 = _mm256_set1_epi8(0x0F), v = _mm256_loadu_si256((const __m256i *)(w->qs + 16 * gb));
+        u[0] = _mm256_and_si256(v, m4);
+        u[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    for (int r = 0; r < MR; r++) {
+        const uint8_t *p = xb + (size_t)r * stride;
+        const float *dx = (const float *)(p + 2 * (size_t)K), *sx = dx + 2 * NB;
+        for (int t = 0; t < 2; t++) {
+            const int8_t *xq = (const int8_t *)p + (size_t)t * K + 32 * b;
+            const __m256 S = _mm256_castps128_ps256(_mm_mul_ps(s0, load_n(dx + t * NB + b, 2)));
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xq), x1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
+            if (fmt == SK_Q8_0) { /* natural order: one block a register */
+                f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot256(_mm256_setzero_si256(), u[0], _mm256_sign_epi8(x0, sg[0]))),
+                                       _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(0)), f[r]);
+                f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot256(_mm256_setzero_si256(), u[1], _mm256_sign_epi8(x1, sg[1]))),
+                                       _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(1)), f[r]);
+            } else { /* group order: each register holds 16 values of both blocks, 4 lanes each */
+                const __m256i i = dot256(dot256(_mm256_setzero_si256(), u[0], x0), u[1], x1);
+                f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(S, lanes4(0, 1)), f[r]);
+            }
+            o[r] = _mm_fmadd_ps(s1, load_n(sx + t * NB + b, 2), o[r]);
+        }
+    }
+}
+
+INLINE float sum4(__m128 a) {
+    const __m128 h = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* y[r][n] (+)= x[r] . W[n] for MR rows */
+INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
+    const int NB = w->k / 32;
+    __m256 f[2];
+    __m128 o[2];
+    for (int r = 0; r < MR; r++) {
+        f[r] = _mm256_setzero_ps();
+        o[r] = _mm_setzero_ps();
+    }
+    int b = 0;
+#ifdef __AVX512F__
+    /* four blocks an iteration */
+    const int K = w->k;
+    const size_t stride = gemv_b_stride(K);
+    const __m512i e4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i e8a = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i e8b = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    __m512 F[2];
+    for (int r = 0; r < MR; r++) F[r] = _mm512_setzero_ps();
+    for (; b + 4 <= NB; b += 4) {
+        const size_t gb = (size_t)n * NB + b;
+        __m128 s0, s1;
+        block_scales(fmt, w, gb, 4, &s0, &s1);
+        __m512i u0, u1;
+        __mmask64 n0 = 0, n1 = 0; /* Q8_0: the negative weights */
+        if (fmt == SK_Q8_0) {
+            const __m512i q0 = _mm512_loadu_si512((const void *)(w->qs + 32 * gb));
+            const __m512i q1 = _mm512_loadu_si512((const void *)(w->qs + 32 * gb + 64));
+            n0 = _mm512_movepi8_mask(q0);
+            n1 = _mm512_movepi8_mask(q1);
+            u0 = _mm512_abs_epi8(q0);
+            u1 = _mm512_abs_epi8(q1);
+        } else {
+            const __m512i m4 = _mm512_set1_epi8(0x0F), v = _mm512_loadu_si512((const void *)(w->qs + 16 * gb));
+            u0 = _mm512_and_si512(v, m4);
+            u1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        for (int r = 0; r < MR; r++) {
+            const uint8_t *p = xb + (size_t)r * stride;
+            const float *dx = (const float *)(p + 2 * (size_t)K), *sx = dx + 2 * NB;
+            for (int t = 0; t < 2; t++) {
+                const int8_t *xq = (const int8_t *)p + (size_t)t * K + 32 * b;
+                const __m512i x0 = _mm512_loadu_si512((const void *)xq), x1 = _mm512_loadu_si512((const void *)(xq + 64));
+                const __m512 S = _mm512_castps128_ps512(_mm_mul_ps(s0, _mm_loadu_ps(dx + t * NB + b)));
+                if (fmt == SK_Q8_0) {
+                    const __m512i z = _mm512_setzero_si512();
+                    const __m512i sx0 = _mm512_mask_sub_epi8(x0, n0, z, x0), sx1 = _mm512_mask_sub_epi8(x1, n1, z, x1);
+                    F[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8(z, u0, sx0)), _mm512_permutexvar_ps(e8a, S), F[r]);
+                    F[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8(z, u1, sx1)), _mm512_permutexvar_ps(e8b, S), F[r]);
+                } else {
+                    const __m512i i = dot_u8s8(dot_u8s8(_mm512_setzero_si512(), u0, x0), u1, x1);
+                    F[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(e4, S), F[r]);
+                }
+                o[r] = _mm_fmadd_ps(s1, _mm_loadu_ps(sx + t * NB + b), o[r]);
+            }
+        }
+    }
+#endif
+    for (; b < NB; b += 2) gemv_pair(fmt, MR, w, n, b, xb, f, o);
+    for (int r = 0; r < MR; r++) {
+        float sum = sum8(f[r]) + sum4(o[r]);
+#ifdef __AVX512F__
+        sum += _mm512_reduce_add_ps(F[r]);
+#endif
+        float *out = y + (size_t)r * ldy + n;
+        *out = acc ? *out + sum : sum;
+    }
+}
+
+#define GEMV_ROWS(F)                                                                                  \
+    switch (mr) {                                                                                     \
+    case 1: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 1, w, c, xr, yr, ldy, acc); } break; \
+    default: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 2, w, c, xr, yr, ldy, acc); } break; \
+    }
+
+/* the rows SK_PREFETCH_AHEAD bytes down this thread's weight stream */
+static inline void pf(const sk_w *w, int c) {
+    const int row = (w->k / 32) * qs_block_bytes(w->fmt);
+    prefetch_rows(w, c + SK_PREFETCH_AHEAD / row + 1, 1);
+}
+
+/* y [M][ldy] (+)= x . W^T for M <= SK_GEMV_MAX_ROWS, in one pass over the weights; xb (shared by
+ * the team) holds the quantized x. Every row's result is the same whatever M is. */
+static void mm_gemv_team(const sk_w *w, int M, const float *x, int ldx, uint8_t *xb, float *y, int ldy, int acc,
+                         sk_team *t) {
+    const int blocks = gemv_block_format(w->fmt), mr = M;
+    if (blocks)
+        gemv_pack_blocks_team(x, ldx, M, w->k, w->fmt != SK_Q8_0, xb, t);
+    else
+        gemv_pack_x_team(x, ldx, M, w->k, xb, t);
+    team_barrier(t);
+    int c0, c1;
+    team_span(t, w->n, &c0, &c1);
+    const uint8_t *xr = xb;
+    float *yr = y;
+    switch (w->fmt) {
+#define COL gemv_col
+    case SK_Q4_K: GEMV_ROWS(SK_Q4_K); break;
+    case SK_Q6_K: GEMV_ROWS(SK_Q6_K); break;
+#undef COL
+#define COL gemv_block_col
+    case SK_Q4_1: GEMV_ROWS(SK_Q4_1); break;
+    case SK_Q4_0: GEMV_ROWS(SK_Q4_0); break;
+    default: GEMV_ROWS(SK_Q8_0); break;
+#undef COL
+    }
+}
+
+#endif
