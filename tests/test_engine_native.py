@@ -231,6 +231,16 @@ def test_gemv_int8_handles_extreme_activations():
             assert ((got - ref[r]).abs().max() / ref[r].abs().max()).item() < 2e-4, kind
 
 
+def test_gemv_int8_of_no_rows_writes_nothing(isa):
+    """A step whose chunk needs no logits multiplies 0 rows by the LM head: y may be NULL."""
+    rng = np.random.default_rng(3)
+    for kind in ("Q4_K", "Q8_0"):
+        w = _weight(kind, 16, 256, rng)
+        x = torch.zeros(1, 256)
+        assert native.load(isa).sk_matmul(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, 0, native.ptr(x), None,
+                                          0, 0, 0, INT8_GEMV, 2) == 0
+
+
 def test_paths_agree_on_bf16_products(raw_model):
     """AMX tiles and vdpbf16ps multiply the same bf16 operands: equal up to fp32 summation order."""
     for i in ("amx", "avx512"):

@@ -356,6 +356,7 @@ INLINE int gemv_block_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 
 /* whether this path takes M rows of w: K-quants up to SK_GEMV_MAX_ROWS rows; the formats with a
  * scale per block, whose fp32 path is cheaper (no integer scales to apply), at 1 row only */
 INLINE int gemv_takes(const sk_w *w, int M) {
+    if (M < 1) return 0; /* a step with no logit rows: nothing to multiply */
     if (gemv_kquant(w->fmt)) return M <= SK_GEMV_MAX_ROWS && w->k % 256 == 0;
     return M == 1 && gemv_block_format(w->fmt) && w->k % 64 == 0;
 }
