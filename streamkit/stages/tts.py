@@ -44,6 +44,8 @@ class TTS(Stage):
         # the first piece of each answer may be cut at a word boundary past this many characters
         # (0: only at clause/sentence marks) so speech starts before the first sentence is complete
         first_max_chars: int = Field(default=24, ge=0, le=2000)
+        # ONNX Runtime threads of one synthesis (1 leaves the other core to ASR and the LLM)
+        threads: int = Field(default=1, ge=1, le=64)
 
     interruptible = True  # long generation per frame: cancelled at once on INTERRUPT
 
@@ -66,14 +68,16 @@ class TTS(Stage):
             if self.language != "en":
                 raise ValueError(f"hibari speaks English only, not {self.language!r}; use engine: kokoro")
             voice = packaged_voice(c.voice or "af_heart")
-            self.tts = await shared_async(("hibari", voice, c.model), lambda: load_hibari(voice, c.model))
+            self.tts = await shared_async(("hibari", voice, c.model, c.threads),
+                                          lambda: load_hibari(voice, c.model, c.threads))
             self.native_rate = HIBARI_RATE
         else:
             from streamkit.speech.kokoro import DEFAULT_STYLE, KOKORO_RATE, KokoroVoice, espeak_language
 
             espeak_language(self.language)  # a clear error for a language it cannot speak
             style, lang = c.voice or DEFAULT_STYLE, self.language
-            self.tts = await shared_async(("kokoro", style, lang, c.model), lambda: KokoroVoice(style, lang, c.model))
+            self.tts = await shared_async(("kokoro", style, lang, c.model, c.threads),
+                                          lambda: KokoroVoice(style, lang, c.model, c.threads))
             self.native_rate = KOKORO_RATE
         self.rate = int(self.context.output_audio_rate or 24000)
         self._splitters: dict[tuple[str, int | None], SentenceSplitter] = {}
