@@ -105,241 +105,168 @@ INLINE __m512i dot_u8s8(__m512i acc, __m512i u, __m512i x) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
 #endif
 }
+#endif
 
-/* AVX-512: four 32-value blocks a register */
-INLINE __m512i madd_acc16(__m512i acc, __m512i p, __m512i s) {
+/* One register of G blocks (int8 values, int16 pairs, int32 sums) and its float counterpart: the
+ * K-quant kernel below is written once against these helpers. */
+#ifdef __AVX512F__
+typedef __m512i gvi;
+typedef __m512 gvf;
+INLINE gvi gv_zero(void) { return _mm512_setzero_si512(); }
+INLINE gvf gv_fzero(void) { return _mm512_setzero_ps(); }
+INLINE gvi gv_load(const void *p) { return _mm512_loadu_si512(p); }
+INLINE gvi gv_and(gvi a, gvi b) { return _mm512_and_si512(a, b); }
+INLINE gvi gv_or(gvi a, gvi b) { return _mm512_or_si512(a, b); }
+INLINE gvi gv_srli16(gvi a, int n) { return _mm512_srli_epi16(a, n); }
+INLINE gvi gv_nib(void) { return _mm512_set1_epi8(0x0F); }
+INLINE gvi gv_maddubs(gvi u, gvi x) { return _mm512_maddubs_epi16(u, x); }
+INLINE gvi gv_madd_acc(gvi acc, gvi p, gvi s) {
 #if SK_VNNI
     return _mm512_dpwssd_epi32(acc, p, s);
 #else
     return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
 #endif
 }
-
-INLINE __m512i dup16x(__m512i d32) {
-    return _mm512_or_si512(_mm512_and_si512(d32, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(d32, 16));
-}
-
-/* dword lanes 4i..4i+3 <- lane a + i * step of src (i = 0..3) */
-INLINE __m512i lanes16(__m512i src, int a, int step) {
-    const __m512i idx = _mm512_setr_epi32(a, a, a, a, a + step, a + step, a + step, a + step, a + 2 * step,
-                                          a + 2 * step, a + 2 * step, a + 2 * step, a + 3 * step, a + 3 * step,
-                                          a + 3 * step, a + 3 * step);
-    return _mm512_permutexvar_epi32(idx, src);
-}
-
-/* Q6_K: the high 2 bits (at bit 4) of 16 values of each of 4 blocks, from their h words */
-INLINE __m512i q6_high4(uint32_t h0, uint32_t h1, uint32_t h2, uint32_t h3) {
-    const __m512i v = _mm512_setr_epi32((int)h0, (int)h0, (int)h0, (int)h0, (int)h1, (int)h1, (int)h1, (int)h1,
-                                        (int)h2, (int)h2, (int)h2, (int)h2, (int)h3, (int)h3, (int)h3, (int)h3);
-    const __m512i spread = _mm512_shuffle_epi8(v, _mm512_set4_epi32(0x03030303, 0x02020202, 0x01010101, 0));
-    const __m512i f = _mm512_and_si512(spread, _mm512_set1_epi32((int)0xC0300C03u));
-    const __m512i lut = _mm512_set4_epi32(0x00000030, 0x00000020, 0x00000010, 0x30201000);
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    return _mm512_or_si512(_mm512_shuffle_epi8(lut, _mm512_and_si512(f, m4)),
-                           _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(f, 4), m4)));
-}
-
-INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
-    const int K = w->k, NS = K / 256;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    gemv_x X[4];
-    __m512 f[4];
-    for (int r = 0; r < MR; r++) {
-        X[r] = gemv_row(xb, K, r);
-        f[r] = _mm512_setzero_ps();
-    }
-    for (int s = 0; s < NS; s++) {
-        const float *S = w->sc + (size_t)6 * ((size_t)n * NS + s);
-        __m512i ia[4][2];
-        for (int r = 0; r < MR; r++) ia[r][0] = ia[r][1] = _mm512_setzero_si512();
-        if (fmt == SK_Q4_K) {
-            const uint8_t *u = (const uint8_t *)(S + 2); /* scale[8], min[8] */
-            const __m512i sc = dup16x(_mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
-            const uint8_t *qs = w->qs + ((size_t)n * NS + s) * 128;
-#pragma GCC unroll 2
-            for (int g = 0; g < 2; g++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * g));
-                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                const __m512i scg = lanes16(sc, 4 * g, 1);
-                for (int r = 0; r < MR; r++)
-                    for (int t = 0; t < 2; t++) {
-                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 128 * g;
-                        ia[r][t] = madd_acc16(ia[r][t], _mm512_maddubs_epi16(lo, _mm512_loadu_si512((const void *)xq)), scg);
-                        ia[r][t] = madd_acc16(ia[r][t], _mm512_maddubs_epi16(hi, _mm512_loadu_si512((const void *)(xq + 64))), scg);
-                    }
-            }
-            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 8)));
-            for (int r = 0; r < MR; r++)
-                for (int t = 0; t < 2; t++) {
-                    const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
-                    const __m128i b32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs), _mm_loadu_si128((const __m128i *)(bs + 8)));
-                    const __m128i pm = _mm_madd_epi16(mins, b32);
-                    const float dx = X[r].d[t * NS + s];
-                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r][t]), _mm512_set1_ps(S[0] * dx), f[r]);
-                    f[r] = _mm512_add_ps(f[r], _mm512_zextps128_ps512(_mm_mul_ps(_mm_cvtepi32_ps(pm), _mm_set1_ps(-S[1] * dx))));
-                }
-        } else { /* SK_Q6_K */
-            const int8_t *sc8 = (const int8_t *)(S + 2); /* scale[16], one per 16 values */
-            const __m512i sc = dup16x(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc8)));
-            const uint8_t *qs = w->qs + ((size_t)n * NS + s) * 8 * 24;
-#pragma GCC unroll 2
-            for (int g = 0; g < 2; g++) {
-                const uint8_t *q0 = qs + 96 * g;
-                uint32_t h[4][2];
-                for (int b = 0; b < 4; b++) memcpy(h[b], q0 + 24 * b + 16, 8);
-                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q0));
-                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q0 + 24)), 1);
-                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q0 + 48)), 2);
-                v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q0 + 72)), 3);
-                const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m4), q6_high4(h[0][0], h[1][0], h[2][0], h[3][0]));
-                const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-                                                   q6_high4(h[0][1], h[1][1], h[2][1], h[3][1]));
-                /* block 4g + b's halves use scales 2(4g + b) and 2(4g + b) + 1 */
-                const __m512i sclo = lanes16(sc, 8 * g, 2), schi = lanes16(sc, 8 * g + 1, 2);
-                for (int r = 0; r < MR; r++)
-                    for (int t = 0; t < 2; t++) {
-                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 128 * g;
-                        ia[r][t] = madd_acc16(ia[r][t], _mm512_maddubs_epi16(lo, _mm512_loadu_si512((const void *)xq)), sclo);
-                        ia[r][t] = madd_acc16(ia[r][t], _mm512_maddubs_epi16(hi, _mm512_loadu_si512((const void *)(xq + 64))), schi);
-                    }
-            }
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8));
-            for (int r = 0; r < MR; r++)
-                for (int t = 0; t < 2; t++) {
-                    const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
-                    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bs));
-                    const __m512i iv = _mm512_sub_epi32(ia[r][t], _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
-                    f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_set1_ps(S[0] * X[r].d[t * NS + s]), f[r]);
-                }
-        }
-    }
-    for (int r = 0; r < MR; r++) {
-        const float sum = _mm512_reduce_add_ps(f[r]);
-        float *o = y + (size_t)r * ldy + n;
-        *o = acc ? *o + sum : sum;
-    }
-}
-#else
-/* AVX2: two 32-value blocks a register */
-/* acc + the int16 pairs p times the int16 scales s, summed in int32 pairs */
-INLINE __m256i madd_acc(__m256i acc, __m256i p, __m256i s) {
-#if SK_VNNI
-    return _mm256_dpwssd_epi32(acc, p, s);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
-#endif
-}
-
+INLINE gvf gv_fma_i(gvi i, float s, gvf f) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(s), f); }
+INLINE gvf gv_add128(gvf f, __m128 v) { return _mm512_add_ps(f, _mm512_zextps128_ps512(v)); }
+INLINE gvi gv_sub256(gvi a, __m256i v) { return _mm512_sub_epi32(a, _mm512_zextsi256_si512(v)); }
+INLINE float gv_sum(gvf f) { return _mm512_reduce_add_ps(f); }
 /* each dword's low int16 copied into its high half: a dword lane then broadcasts one int16 scale */
-INLINE __m256i dup16(__m256i d32) {
-    return _mm256_or_si256(_mm256_and_si256(d32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(d32, 16));
+INLINE gvi gv_dup16(gvi d32) { return _mm512_or_si512(_mm512_and_si512(d32, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(d32, 16)); }
+/* dword lanes 4i..4i+3 <- lane a + i * step of src (i < G) */
+INLINE gvi gv_lanes(gvi src, int a, int step) {
+    const int b = a + step, c = a + 2 * step, d = a + 3 * step;
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d), src);
 }
-
-
-/* Q6_K: the high 2 bits (at bit 4) of 16 values of block A (h bits of ha) and 16 of block B */
-INLINE __m256i q6_high(uint32_t ha, uint32_t hb) {
-    const __m256i v = _mm256_setr_epi32((int)ha, (int)ha, (int)ha, (int)ha, (int)hb, (int)hb, (int)hb, (int)hb);
-    const __m256i spread = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
-                                                                   0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
-    /* byte 4j + i keeps bits 2i, 2i+1 of h's byte j: value 4j + i's pair */
-    const __m256i f = _mm256_and_si256(spread, _mm256_set1_epi32((int)0xC0300C03u));
-    /* the field, wherever it sits in its byte, to bits 4-5: one table for either nibble */
-    const __m256i lut = _mm256_setr_epi8(0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0,
-                                         0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    return _mm256_or_si256(_mm256_shuffle_epi8(lut, _mm256_and_si256(f, m4)),
-                           _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(f, 4), m4)));
+/* the int16-pair scales of 8 u8 (Q4_K) or 16 int8 (Q6_K) sub-block scales, one per dword */
+INLINE gvi gv_scales_u8(const uint8_t *u) { return gv_dup16(_mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u))); }
+INLINE gvi gv_scales_i8(const int8_t *s, int g) {
+    (void)g;
+    return gv_dup16(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)s)));
 }
+/* Q6_K: the high 2 bits (at bit 4) of 16 values of each of G blocks, from their h words */
+INLINE gvi gv_q6_high(const uint32_t *h, int half) {
+    const int a = (int)h[half], b = (int)h[2 + half], c = (int)h[4 + half], d = (int)h[6 + half];
+    const gvi v = _mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d);
+    const gvi spread = _mm512_shuffle_epi8(v, _mm512_set4_epi32(0x03030303, 0x02020202, 0x01010101, 0));
+    const gvi f = _mm512_and_si512(spread, _mm512_set1_epi32((int)0xC0300C03u)); /* byte 4j + i: bits 2i of h's byte j */
+    const gvi lut = _mm512_set4_epi32(0x00000030, 0x00000020, 0x00000010, 0x30201000); /* the field to bits 4-5 */
+    return _mm512_or_si512(_mm512_shuffle_epi8(lut, _mm512_and_si512(f, gv_nib())),
+                           _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(f, 4), gv_nib())));
+}
+/* the 16-byte nibble arrays of G Q6_K blocks, 24 bytes apart */
+INLINE gvi gv_q6_nibbles(const uint8_t *q) {
+    gvi v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 24)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 48)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 72)), 3);
+}
+#else
+typedef __m256i gvi;
+typedef __m256 gvf;
+INLINE gvi gv_zero(void) { return _mm256_setzero_si256(); }
+INLINE gvf gv_fzero(void) { return _mm256_setzero_ps(); }
+INLINE gvi gv_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INLINE gvi gv_and(gvi a, gvi b) { return _mm256_and_si256(a, b); }
+INLINE gvi gv_or(gvi a, gvi b) { return _mm256_or_si256(a, b); }
+INLINE gvi gv_srli16(gvi a, int n) { return _mm256_srli_epi16(a, n); }
+INLINE gvi gv_nib(void) { return _mm256_set1_epi8(0x0F); }
+INLINE gvi gv_maddubs(gvi u, gvi x) { return _mm256_maddubs_epi16(u, x); }
+INLINE gvi gv_madd_acc(gvi acc, gvi p, gvi s) { return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)); }
+INLINE gvf gv_fma_i(gvi i, float s, gvf f) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(s), f); }
+INLINE gvf gv_add128(gvf f, __m128 v) { return _mm256_add_ps(f, _mm256_zextps128_ps256(v)); }
+INLINE gvi gv_sub256(gvi a, __m256i v) { return _mm256_sub_epi32(a, v); }
+INLINE float gv_sum(gvf f) { return sum8(f); }
+INLINE gvi gv_dup16(gvi d32) { return _mm256_or_si256(_mm256_and_si256(d32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(d32, 16)); }
+INLINE gvi gv_lanes(gvi src, int a, int step) { return _mm256_permutevar8x32_epi32(src, lanes4(a, a + step)); }
+INLINE gvi gv_scales_u8(const uint8_t *u) { return gv_dup16(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u))); }
+/* the 4 scales group g's blocks use, from lane 0 */
+INLINE gvi gv_scales_i8(const int8_t *s, int g) {
+    int v;
+    memcpy(&v, s + 4 * g, 4);
+    return gv_dup16(_mm256_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
+}
+INLINE gvi gv_q6_high(const uint32_t *h, int half) {
+    const int a = (int)h[half], b = (int)h[2 + half];
+    const gvi v = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
+    const gvi spread = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                                               0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    const gvi f = _mm256_and_si256(spread, _mm256_set1_epi32((int)0xC0300C03u));
+    const gvi lut = _mm256_setr_epi8(0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0,
+                                     0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0);
+    return _mm256_or_si256(_mm256_shuffle_epi8(lut, _mm256_and_si256(f, gv_nib())),
+                           _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(f, 4), gv_nib())));
+}
+INLINE gvi gv_q6_nibbles(const uint8_t *q) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q)),
+                                   _mm_loadu_si128((const __m128i *)(q + 24)), 1);
+}
+#endif
 
-
-/* y[r][n] (+)= x[r] . W[n] for MR rows (<= 4), W in Q4_K or Q6_K */
+/* y[r][n] (+)= x[r] . W[n] for MR rows (<= 2), W in Q4_K or Q6_K; G blocks a register */
 INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
-    const int K = w->k, NS = K / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    gemv_x X[4];
-    __m256 f[4];
+    const int K = w->k, NS = K / 256, G = SK_GEMV_G;
+    const gvi m4 = gv_nib();
+    gemv_x X[2];
+    gvf f[2];
     for (int r = 0; r < MR; r++) {
         X[r] = gemv_row(xb, K, r);
-        f[r] = _mm256_setzero_ps();
+        f[r] = gv_fzero();
     }
     for (int s = 0; s < NS; s++) {
         const float *S = w->sc + (size_t)6 * ((size_t)n * NS + s);
-        __m256i ia[4][2];
-        for (int r = 0; r < MR; r++) ia[r][0] = ia[r][1] = _mm256_setzero_si256();
-        if (fmt == SK_Q4_K) {
-            const uint8_t *u = (const uint8_t *)(S + 2); /* scale[8], min[8] */
-            const __m256i sc = dup16(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
-            const uint8_t *qs = w->qs + ((size_t)n * NS + s) * 128;
+        gvi ia[2][2];
+        for (int r = 0; r < MR; r++) ia[r][0] = ia[r][1] = gv_zero();
 #pragma GCC unroll 4
-            for (int p = 0; p < 4; p++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
-                const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                const __m256i scp = _mm256_permutevar8x32_epi32(sc, lanes4(2 * p, 2 * p + 1));
-                for (int r = 0; r < MR; r++)
-                    for (int t = 0; t < 2; t++) {
-                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 64 * p;
-                        ia[r][t] = madd_acc(ia[r][t], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)), scp);
-                        ia[r][t] = madd_acc(ia[r][t], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))), scp);
-                    }
+        for (int g = 0; g < 8 / G; g++) {
+            gvi lo, hi, sclo, schi;
+            if (fmt == SK_Q4_K) { /* sc: float d, float dmin, u8 scale[8], u8 min[8] */
+                const gvi v = gv_load(w->qs + ((size_t)n * NS + s) * 128 + 16 * G * g);
+                lo = gv_and(v, m4);
+                hi = gv_and(gv_srli16(v, 4), m4);
+                sclo = schi = gv_lanes(gv_scales_u8((const uint8_t *)(S + 2)), G * g, 1);
+            } else { /* SK_Q6_K; sc: float d, 4 unused bytes, int8 scale[16] (one per 16 values) */
+                const uint8_t *q = w->qs + (((size_t)n * NS + s) * 8 + G * g) * 24;
+                uint32_t h[8];
+                for (int b = 0; b < G; b++) memcpy(h + 2 * b, q + 24 * b + 16, 8);
+                const gvi v = gv_q6_nibbles(q);
+                lo = gv_or(gv_and(v, m4), gv_q6_high(h, 0));
+                hi = gv_or(gv_and(gv_srli16(v, 4), m4), gv_q6_high(h, 1));
+                /* block G g + b's halves use scales 2 (G g + b) and 2 (G g + b) + 1 */
+                const gvi sc = gv_scales_i8((const int8_t *)(S + 2), g);
+                const int first = G == 4 ? 8 * g : 0;
+                sclo = gv_lanes(sc, first, 2);
+                schi = gv_lanes(sc, first + 1, 2);
             }
-            /* - dmin * sum_j min_j * (sum of block j's x), the sums of 32 from the per-16 ones */
-            const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(u + 8)));
             for (int r = 0; r < MR; r++)
                 for (int t = 0; t < 2; t++) {
-                    const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
-                    const __m128i b32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs), _mm_loadu_si128((const __m128i *)(bs + 8)));
-                    const __m128i pm = _mm_madd_epi16(mins, b32);
-                    const float dx = X[r].d[t * NS + s];
-                    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(ia[r][t]), _mm256_set1_ps(S[0] * dx));
-                    f[r] = _mm256_add_ps(f[r], v);
-                    f[r] = _mm256_add_ps(f[r], _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtepi32_ps(pm), _mm_set1_ps(-S[1] * dx))));
-                }
-        } else { /* SK_Q6_K */
-            const int8_t *sc8 = (const int8_t *)(S + 2); /* scale[16], one per 16 values */
-            const __m256i sca = dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc8)));
-            const __m256i scb = dup16(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc8 + 8))));
-            const uint8_t *qs = w->qs + ((size_t)n * NS + s) * 8 * 24;
-#pragma GCC unroll 4
-            for (int p = 0; p < 4; p++) {
-                const uint8_t *qa = qs + 48 * p, *qb = qa + 24;
-                uint32_t ha[2], hb[2];
-                memcpy(ha, qa + 16, 8);
-                memcpy(hb, qb + 16, 8);
-                const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qa)),
-                                                          _mm_loadu_si128((const __m128i *)qb), 1);
-                const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), q6_high(ha[0], hb[0]));
-                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), q6_high(ha[1], hb[1]));
-                const __m256i src = p < 2 ? sca : scb;
-                const int b = 4 * (p & 1);
-                const __m256i sclo = _mm256_permutevar8x32_epi32(src, lanes4(b, b + 2));
-                const __m256i schi = _mm256_permutevar8x32_epi32(src, lanes4(b + 1, b + 3));
-                for (int r = 0; r < MR; r++)
-                    for (int t = 0; t < 2; t++) {
-                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 64 * p;
-                        ia[r][t] = madd_acc(ia[r][t], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)), sclo);
-                        ia[r][t] = madd_acc(ia[r][t], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))), schi);
-                    }
-            }
-            /* the values are q - 32: subtract 32 * sum_h scale_h * (sum of those 16 x) */
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8));
-            for (int r = 0; r < MR; r++)
-                for (int t = 0; t < 2; t++) {
-                    const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
-                    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bs));
-                    const __m256i iv = _mm256_sub_epi32(ia[r][t], _mm256_slli_epi32(off, 5));
-                    f[r] = _mm256_add_ps(f[r], _mm256_mul_ps(_mm256_cvtepi32_ps(iv), _mm256_set1_ps(S[0] * X[r].d[t * NS + s])));
+                    const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 32 * G * g;
+                    ia[r][t] = gv_madd_acc(ia[r][t], gv_maddubs(lo, gv_load(xq)), sclo);
+                    ia[r][t] = gv_madd_acc(ia[r][t], gv_maddubs(hi, gv_load(xq + 16 * G)), schi);
                 }
         }
+        for (int r = 0; r < MR; r++)
+            for (int t = 0; t < 2; t++) {
+                const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
+                const float dx = X[r].d[t * NS + s];
+                if (fmt == SK_Q4_K) { /* - dmin * sum_j min_j * (sum of block j's x), from the per-16 sums */
+                    const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)(S + 2) + 8)));
+                    const __m128i b32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs), _mm_loadu_si128((const __m128i *)(bs + 8)));
+                    f[r] = gv_fma_i(ia[r][t], S[0] * dx, f[r]);
+                    f[r] = gv_add128(f[r], _mm_mul_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, b32)), _mm_set1_ps(-S[1] * dx)));
+                } else { /* the values are q - 32: subtract 32 * sum_h scale_h * (sum of those 16 x) */
+                    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(S + 2)));
+                    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bs));
+                    f[r] = gv_fma_i(gv_sub256(ia[r][t], _mm256_slli_epi32(off, 5)), S[0] * dx, f[r]);
+                }
+            }
     }
     for (int r = 0; r < MR; r++) {
-        const float sum = sum8(f[r]);
+        const float sum = gv_sum(f[r]);
         float *o = y + (size_t)r * ldy + n;
         *o = acc ? *o + sum : sum;
     }
 }
-
-#endif
-
 
 /* ------------------------------------------------------------------ Q4_1, Q4_0, Q8_0
  * The same for the formats with an fp32 scale per block of 32 (as llama.cpp's Q4_0 x Q8_0): the
