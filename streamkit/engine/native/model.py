@@ -45,9 +45,9 @@ DPBF16_MIN_ROWS = 12
 # of 16: the fp32 path is faster below 8 rows (6 rows: 229 vs 274 us).
 INT8_MIN_ROWS = 8
 INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
-# Steps of 1 or 2 rows (decode at batch 1-2) on Q4_K / Q6_K weights: llama.cpp's int8 scheme for
-# K-quants (sk_gemv.h), two activation terms, on every instruction set. STREAMKIT_NATIVE_GEMV=0
-# turns it off (fp32 FMAs, as before).
+# Steps of 1 or 2 rows (decode at batch 1-2) on Q4_K / Q6_K weights, and of 1 row on Q4_1 / Q4_0 /
+# Q8_0: llama.cpp's int8 schemes (sk_gemv.h), two activation terms, on every instruction set.
+# STREAMKIT_NATIVE_GEMV=0 turns it off (fp32 FMAs, as before).
 INT8_GEMV = 64
 
 

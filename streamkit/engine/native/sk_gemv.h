@@ -1,5 +1,6 @@
-/* The int8 path of steps with few rows (decode at batch 1-7) on K-quant weights (Q4_K, Q6_K), on
- * every instruction set the kernels build for (AVX2 is enough; AVX-512 VNNI fuses a step).
+/* The int8 path of steps with few rows (decode at batch 1-2) on K-quant weights (Q4_K, Q6_K), and of
+ * 1 row on the formats with a scale per block (Q4_1, Q4_0, Q8_0; second half of this file), on every
+ * instruction set the kernels build for (AVX2 is enough; AVX-512 VNNI fuses a step).
  *
  * llama.cpp's scheme for these formats: activations quantized per super-block of 256 values, the
  * weights' 4- or 6-bit integers multiplied with them in int16 pairs (vpmaddubsw), the super-block's
@@ -21,7 +22,7 @@
 
 #include <math.h>
 
-#define SK_GEMV 64 /* the i8_mask bit: K-quant matmuls of at most SK_GEMV_MAX_ROWS rows take this path */
+#define SK_GEMV 64 /* the i8_mask bit: matmuls gemv_takes accepts take this path */
 /* Rows from which the fp32 path, which dequantizes once per 4 rows, catches up: int8 work grows
  * with every row (Q4_K 17920 x 1536, 2 threads, fp32 vs int8 ms: 1 row 1.36 vs 0.62, 2 rows 1.53
  * vs 1.05, 3 rows 1.65 vs 1.58, 4 rows 1.81 vs 2.72). */
