@@ -80,7 +80,7 @@ def isa_flags(isa: str, cpu: set[str] | None = None) -> list[str]:
     flags = list(_AVX512)
     if isa == "amx" or "avx512_bf16" in cpu:
         flags.append("-mavx512bf16")
-    if isa == "avx512" and "avx512_vnni" in cpu:
+    if "avx512_vnni" in cpu:  # the batched int8 path (avx512) and the few-rows one (both)
         flags.append("-mavx512vnni")
     if isa == "amx":
         flags += ["-mamx-tile", "-mamx-bf16"]

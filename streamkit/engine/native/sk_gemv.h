@@ -50,24 +50,54 @@ INLINE gemv_x gemv_row(const uint8_t *xb, int K, int r) {
     return g;
 }
 
-/* one term of 256 values v (natural order) into q (pair-permuted), its scale and per-16 sums;
+/* the largest |v| of n values (n a multiple of 8) */
+INLINE float amax_n(const float *v, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    const __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    const __m128 g = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(g, _mm_movehdup_ps(g)));
+}
+
+INLINE int hsum_i8x32(__m256i a) {
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    const __m128i h = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 1)));
+}
+
+/* 32 values v -> round(v * id) as int8, values 0..15 to lo and 16..31 to hi, their sums; v <- what
+ * the term leaves (v - d * q). The same numbers as lrintf and fp32 arithmetic would give. */
+INLINE void quant32(float *v, float d, float id, int8_t *lo, int8_t *hi, int *sum_lo, int *sum_hi) {
+    const __m256 vd = _mm256_set1_ps(d), vid = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) {
+        const __m256 a = _mm256_loadu_ps(v + 8 * i);
+        q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(a, vid));
+        _mm256_storeu_ps(v + 8 * i, _mm256_sub_ps(a, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(q[i]))));
+    }
+    /* packs interleave 128-bit lanes: [q0 0-3, q1 0-3, q2 0-3, q3 0-3 | q0 4-7, ...]; permute back */
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    const __m256i n = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm_storeu_si128((__m128i *)lo, _mm256_castsi256_si128(n));
+    _mm_storeu_si128((__m128i *)hi, _mm256_extracti128_si256(n, 1));
+    *sum_lo = hsum_i8x32(_mm256_add_epi32(q[0], q[1]));
+    *sum_hi = hsum_i8x32(_mm256_add_epi32(q[2], q[3]));
+}
+
+/* one term of 256 values v (natural order) into q (group order), its scale and per-16 sums;
  * v <- what it leaves */
 static void gemv_quant_term(float *v, int8_t *q, float *d, int16_t *bs) {
-    float amax = 0.0f;
-    for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(v[i]));
+    const float amax = amax_n(v, 256);
     const float dd = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
     *d = dd;
-    for (int h = 0; h < 16; h++) {
-        int sum = 0;
-        for (int i = 16 * h; i < 16 * h + 16; i++) {
-            const int qi = (int)lrintf(v[i] * id);
-            v[i] -= dd * (float)qi;
-            sum += qi;
-            /* natural i -> group, block in it, half, index */
-            const int j = i % (32 * SK_GEMV_G), blk = j >> 5, half = (j >> 4) & 1;
-            q[i - j + half * 16 * SK_GEMV_G + blk * 16 + (j & 15)] = (int8_t)qi;
-        }
-        bs[h] = (int16_t)sum;
+    for (int j = 0; j < 8; j++) {
+        const int g = j / SK_GEMV_G, blk = j % SK_GEMV_G;
+        int8_t *base = q + g * 32 * SK_GEMV_G + blk * 16;
+        int s0, s1;
+        quant32(v + 32 * j, dd, id, base, base + 16 * SK_GEMV_G, &s0, &s1);
+        bs[2 * j] = (int16_t)s0;
+        bs[2 * j + 1] = (int16_t)s1;
     }
 }
 
@@ -100,7 +130,7 @@ INLINE float sum8(__m256 a) {
 #ifdef __AVX512F__
 /* acc + sums of 4 products of u8 u and s8 x */
 INLINE __m512i dot_u8s8(__m512i acc, __m512i u, __m512i x) {
-#if SK_VNNI
+#if SK_HAS_VNNI
     return _mm512_dpbusd_epi32(acc, u, x);
 #else
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
@@ -122,7 +152,7 @@ INLINE gvi gv_srli16(gvi a, int n) { return _mm512_srli_epi16(a, n); }
 INLINE gvi gv_nib(void) { return _mm512_set1_epi8(0x0F); }
 INLINE gvi gv_maddubs(gvi u, gvi x) { return _mm512_maddubs_epi16(u, x); }
 INLINE gvi gv_madd_acc(gvi acc, gvi p, gvi s) {
-#if SK_VNNI
+#if SK_HAS_VNNI
     return _mm512_dpwssd_epi32(acc, p, s);
 #else
     return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
@@ -303,19 +333,14 @@ static void gemv_pack_blocks_team(const float *x, int ldx, int M, int K, int gro
         float v[32];
         memcpy(v, x + (size_t)r * ldx + (size_t)b * 32, sizeof v);
         for (int term = 0; term < 2; term++) {
-            float amax = 0.0f;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+            const float amax = amax_n(v, 32);
             const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int sum = 0;
             int8_t *q = (int8_t *)p + (size_t)term * K;
-            for (int j = 0; j < 32; j++) {
-                const int qi = (int)lrintf(v[j] * id);
-                v[j] -= d * (float)qi;
-                sum += qi;
-                q[grouped ? g0 * 32 + (j >> 4) * 16 * gsz + blk * 16 + (j & 15) : b * 32 + j] = (int8_t)qi;
-            }
+            int8_t *lo = q + (grouped ? g0 * 32 + blk * 16 : b * 32), *hi = lo + (grouped ? 16 * gsz : 16);
+            int s0, s1;
+            quant32(v, d, id, lo, hi, &s0, &s1);
             dx[term * NB + b] = d;
-            sx[term * NB + b] = d * (float)sum;
+            sx[term * NB + b] = d * (float)(s0 + s1);
         }
     }
 }
@@ -338,7 +363,7 @@ INLINE void block_scales(int fmt, const sk_w *w, size_t b, int n, __m128 *s0, __
 }
 
 INLINE __m256i dot256(__m256i acc, __m256i u, __m256i x) {
-#if SK_VNNI
+#if SK_HAS_VNNI
     return _mm256_dpbusd_epi32(acc, u, x);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));

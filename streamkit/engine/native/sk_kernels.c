@@ -35,15 +35,17 @@
 #define SK_BF16 0
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define SK_VNNI 1
+#define SK_HAS_VNNI 1 /* the instructions (sk_gemv.h uses them) */
 #else
-#define SK_VNNI 0
+#define SK_HAS_VNNI 0
 #endif
 #if SK_BF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define SK_AMX 1
 #else
 #define SK_AMX 0
 #endif
+/* the batched int8 path (sk_int8.h), where no AMX tiles take the batched steps */
+#define SK_VNNI (SK_HAS_VNNI && !SK_AMX)
 
 #include "sk_pool.h"
 #include "sk_vec.h"
