@@ -60,7 +60,7 @@ INLINE float amax_n(const float *v, int n) {
     return _mm_cvtss_f32(_mm_max_ss(g, _mm_movehdup_ps(g)));
 }
 
-INLINE int hsum_i8x32(__m256i a) {
+INLINE int hsum_i32x8(__m256i a) {
     const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     const __m128i h = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 1)));
@@ -81,8 +81,8 @@ INLINE void quant32(float *v, float d, float id, int8_t *lo, int8_t *hi, int *su
     const __m256i n = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm_storeu_si128((__m128i *)lo, _mm256_castsi256_si128(n));
     _mm_storeu_si128((__m128i *)hi, _mm256_extracti128_si256(n, 1));
-    *sum_lo = hsum_i8x32(_mm256_add_epi32(q[0], q[1]));
-    *sum_hi = hsum_i8x32(_mm256_add_epi32(q[2], q[3]));
+    *sum_lo = hsum_i32x8(_mm256_add_epi32(q[0], q[1]));
+    *sum_hi = hsum_i32x8(_mm256_add_epi32(q[2], q[3]));
 }
 
 /* one term of 256 values v (natural order) into q (group order), its scale and per-16 sums;
