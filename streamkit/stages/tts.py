@@ -18,11 +18,12 @@ drops buffered text, so no more audio comes out for the interrupted answer.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Literal
+from typing import Any, AsyncIterator, Literal
 
 import numpy as np
 from pydantic import Field
 
+from streamkit import cores
 from streamkit.frames import AudioFrame, Frame, TextFrame, TextRole
 from streamkit.stage import Stage, StageConfig, register_stage
 
@@ -46,6 +47,11 @@ class TTS(Stage):
         first_max_chars: int = Field(default=24, ge=0, le=2000)
         # ONNX Runtime threads of one synthesis (1 leaves the other core to ASR and the LLM)
         threads: int = Field(default=1, ge=1, le=64)
+        # an answer's first piece is what the listener waits for: it is synthesised on this many
+        # threads (0: every core) and the in-process engine pauses its steps meanwhile
+        # (streamkit.cores); false: the first piece is synthesised like the others
+        urgent_first: bool = True
+        first_threads: int = Field(default=0, ge=0, le=64)
 
     interruptible = True  # long generation per frame: cancelled at once on INTERRUPT
 
@@ -68,34 +74,50 @@ class TTS(Stage):
             if self.language != "en":
                 raise ValueError(f"hibari speaks English only, not {self.language!r}; use engine: kokoro")
             voice = packaged_voice(c.voice or "af_heart")
-            self.tts = await shared_async(("hibari", voice, c.model, c.threads),
-                                          lambda: load_hibari(voice, c.model, c.threads))
+
+            def load(threads: int) -> Any:
+                return shared_async(("hibari", voice, c.model, threads), lambda: load_hibari(voice, c.model, threads))
+
             self.native_rate = HIBARI_RATE
         else:
             from streamkit.speech.kokoro import DEFAULT_STYLE, KOKORO_RATE, KokoroVoice, espeak_language
 
             espeak_language(self.language)  # a clear error for a language it cannot speak
             style, lang = c.voice or DEFAULT_STYLE, self.language
-            self.tts = await shared_async(("kokoro", style, lang, c.model, c.threads),
-                                          lambda: KokoroVoice(style, lang, c.model, c.threads))
+
+            def load(threads: int) -> Any:
+                return shared_async(("kokoro", style, lang, c.model, threads),
+                                    lambda: KokoroVoice(style, lang, c.model, threads))
+
             self.native_rate = KOKORO_RATE
+        self.tts = await load(c.threads)
+        self.first_threads = (c.first_threads or cores.count()) if c.urgent_first else c.threads
+        self.tts_first = self.tts if self.first_threads == c.threads else await load(self.first_threads)
         self.rate = int(self.context.output_audio_rate or 24000)
         self._splitters: dict[tuple[str, int | None], SentenceSplitter] = {}
         self._new_splitter = lambda: SentenceSplitter(c.max_chars, c.first_min_chars, c.first_max_chars or None)
         self._clock = 0  # output samples emitted
         self.sentences_spoken = 0
 
-    async def _speak(self, text: str) -> AsyncIterator[AudioFrame]:
-        from streamkit.audio import resample_array
+    def _synthesize(self, text: str, first: bool) -> np.ndarray:
         from streamkit.speech.synth import synthesize_sentence
+
+        c = self.config
+        urgent = first and c.urgent_first
+        tts, threads = (self.tts_first, self.first_threads) if urgent else (self.tts, c.threads)
+        with cores.hold(threads, urgent=urgent):
+            if self.engine == "kokoro":  # thread-safe, deterministic: no seed
+                return tts(text, c.speed)
+            return synthesize_sentence(tts, text, c.speed, c.seed)
+
+    async def _speak(self, text: str, first: bool = False) -> AsyncIterator[AudioFrame]:
+        """first: the answer's first piece (see Config.urgent_first)."""
+        from streamkit.audio import resample_array
 
         text = text.strip()
         if not any(ch.isalnum() for ch in text):
             return
-        if self.engine == "kokoro":  # thread-safe, deterministic: no seed
-            audio = await asyncio.to_thread(self.tts, text, self.config.speed)
-        else:
-            audio = await asyncio.to_thread(synthesize_sentence, self.tts, text, self.config.speed, self.config.seed)
+        audio = await asyncio.to_thread(self._synthesize, text, first)
         if self.rate != self.native_rate:
             audio = resample_array(audio, self.native_rate, self.rate)
         self.sentences_spoken += 1
@@ -110,23 +132,27 @@ class TTS(Stage):
         key = (frame.source, frame.utterance)
         if not frame.final:
             splitter = self._splitters.setdefault(key, self._new_splitter())
+            before = splitter.emitted
             sentences = splitter.feed(frame.text)
         else:
             splitter = self._splitters.pop(key, None)
             if splitter is None:  # nothing streamed before: speak the whole text
                 splitter = self._new_splitter()
+                before = 0
                 sentences = splitter.feed(frame.text) + splitter.flush()
             else:
+                before = splitter.emitted
                 sentences = splitter.flush()
-        for sentence in sentences:
-            async for out in self._speak(sentence):
+        for i, sentence in enumerate(sentences):
+            async for out in self._speak(sentence, first=before + i == 0):
                 yield out
 
     async def flush(self) -> AsyncIterator[Frame]:
         splitters, self._splitters = self._splitters, {}
         for splitter in splitters.values():
+            first = splitter.emitted == 0
             for sentence in splitter.flush():
-                async for out in self._speak(sentence):
+                async for out in self._speak(sentence, first=first):
                     yield out
 
     async def interrupt(self) -> None:
