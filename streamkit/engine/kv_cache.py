@@ -5,6 +5,13 @@ those tokens and of every token before them. A new sequence whose prompt starts 
 blocks shares them (reference counts) instead of computing them again: a system prompt or the
 history of a conversation is prefilled once. A registered block nobody holds stays cached until
 the pool needs it (the least recently released goes first, a sequence's tail before its head).
+
+A shared prefix rarely ends on a block boundary: a system prompt of 356 tokens leaves 4 of its
+tokens in a block whose other 12 differ per request. So after the full blocks, a new sequence also
+takes the longest run of tokens it shares with any cached block that follows the same prefix,
+copied into a block of its own (SGLang's radix cache shares at token granularity; a copy keeps the
+blocks here whole). For the dubbing translator that drops the median uncomputed prompt from 18
+tokens to 14, one 16-row tile.
 """
 from __future__ import annotations
 
@@ -39,6 +46,9 @@ class BlockAllocator:
         self._refs = [0] * num_blocks
         self._key_of: dict[int, bytes] = {}  # registered block -> its key
         self._by_key: dict[bytes, int] = {}
+        # the registered blocks after each parent key: block -> its tokens (partial-block reuse)
+        self._children: dict[bytes, dict[int, tuple[int, ...]]] = {}
+        self._parent_of: dict[int, bytes] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # registered, held by nobody; oldest first
         self.evicted = 0  # cached blocks handed out again for other tokens
 
@@ -55,7 +65,7 @@ class BlockAllocator:
             block = self._free.pop()
         elif self._evictable:
             block, _ = self._evictable.popitem(last=False)
-            del self._by_key[self._key_of.pop(block)]
+            self._forget(block)
             self.evicted += 1
         else:
             raise MemoryError("KV cache full")
@@ -83,17 +93,32 @@ class BlockAllocator:
             del self._evictable[block]
         self._refs[block] += 1
 
-    def register(self, block: int, key: bytes) -> None:
-        """Make a full, computed block findable by its key (the first block with a key keeps it)."""
+    def register(self, block: int, key: bytes, parent: bytes = b"", tokens: Sequence[int] = ()) -> None:
+        """Make a full, computed block findable by its key (the first block with a key keeps it), and
+        by its `tokens` among the blocks after `parent` (the previous block's key)."""
         if key not in self._by_key and block not in self._key_of:
             self._by_key[key] = block
             self._key_of[block] = key
+            self._children.setdefault(parent, {})[block] = tuple(tokens)
+            self._parent_of[block] = parent
+
+    def children(self, parent: bytes) -> dict[int, tuple[int, ...]]:
+        """The registered blocks that follow the block keyed `parent` (b"": first blocks), with their tokens."""
+        return self._children.get(parent, {})
+
+    def _forget(self, block: int) -> None:
+        del self._by_key[self._key_of.pop(block)]
+        parent = self._parent_of.pop(block)
+        siblings = self._children[parent]
+        del siblings[block]
+        if not siblings:
+            del self._children[parent]
 
     def drop_cached(self) -> None:
         """Forget every cached block nobody holds (held ones stay registered)."""
         while self._evictable:
             block, _ = self._evictable.popitem(last=False)
-            del self._by_key[self._key_of.pop(block)]
+            self._forget(block)
             self._free.append(block)
 
 
@@ -144,8 +169,9 @@ class PagedKVCache:
 
     def reuse_prefix(self, tokens: list[int], blocks: list[int], keys: list[bytes]) -> int:
         """Give a sequence with nothing computed yet (`blocks` and `keys` empty) the cached blocks of
-        the longest run of full blocks its `tokens` start with, leaving at least its last token to
-        compute (that token's logits are wanted). Returns the number of tokens they cover."""
+        the longest run of full blocks its `tokens` start with, then a copy of the longest run of
+        tokens after them that a cached block shares, leaving at least its last token to compute
+        (that token's logits are wanted). Returns the number of tokens they cover."""
         if not self.prefix_caching:
             return 0
         bs = self.block_size
@@ -157,7 +183,37 @@ class PagedKVCache:
             self.allocator.share(block)
             blocks.append(block)
             keys.append(key)
-        return len(blocks) * bs
+        start = len(blocks) * bs
+        return start + self._reuse_part(tokens[start:len(tokens) - 1], keys[-1] if keys else b"", blocks)
+
+    def _reuse_part(self, rest: list[int], parent: bytes, blocks: list[int]) -> int:
+        """Copy the cached block after `parent` that shares the longest run of tokens with `rest`
+        (fewer than a block) into a new block appended to `blocks`; returns the tokens it covers."""
+        best, best_n = None, 0
+        for block, toks in self.allocator.children(parent).items():
+            n = 0
+            for a, b in zip(toks, rest):
+                if a != b:
+                    break
+                n += 1
+            if n > best_n:
+                best, best_n = block, n
+        if best is None:
+            return 0
+        held = [best]
+        self.allocator.share(best)  # so that the allocation below cannot evict it
+        try:
+            new = self.allocator.allocate()
+        except MemoryError:
+            return 0
+        finally:
+            self.allocator.free(held)
+        bs = self.block_size
+        # the whole block: its slots past best_n are overwritten before anything attends to them
+        self.k[:, :, new * bs:(new + 1) * bs] = self.k[:, :, best * bs:(best + 1) * bs]
+        self.v[:, :, new * bs:(new + 1) * bs] = self.v[:, :, best * bs:(best + 1) * bs]
+        blocks.append(new)
+        return best_n
 
     def register_computed(self, tokens: list[int], blocks: list[int], keys: list[bytes], num_computed: int) -> None:
         """Register the blocks that a sequence's first `num_computed` tokens fill and that are not
@@ -166,8 +222,9 @@ class PagedKVCache:
             return
         bs = self.block_size
         for i in range(len(keys), num_computed // bs):
-            key = block_hash(keys[-1] if keys else b"", tokens[i * bs:(i + 1) * bs])
-            self.allocator.register(blocks[i], key)
+            parent, block_tokens = keys[-1] if keys else b"", tokens[i * bs:(i + 1) * bs]
+            key = block_hash(parent, block_tokens)
+            self.allocator.register(blocks[i], key, parent, block_tokens)
             keys.append(key)
 
     def slots(self, blocks: list[int], start: int, end: int) -> list[int]:
