@@ -133,7 +133,24 @@ def test_tiny_qwen2_native_matches_torch_fp32(qwen_file):
 
 
 @pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0"])
+def test_native_reads_q5_k_f16_and_bf16_as_stored(tmp_path):
+    """A model whose layers are Q5_K, F16 and BF16: the native kernels keep each tensor in its own
+    format (nothing re-quantized, no float32 copy) and match the torch fp32 path on the same file."""
+    from streamkit.engine.native.model import NativeLlamaModel
+
+    path = str(tmp_path / "mixed.gguf")
+    write_model(path, layer_types=("Q5_K", "F16", "BF16"), layers=3)
+    gm = load_gguf(path, raw=True, progress=False)
+    kinds = {kind for name, (kind, _) in gm.blocks.items() if name.startswith("blk.")}
+    assert kinds == {"Q5_K", "F16", "BF16"}
+    ids = [5, 17, 200, 3, 99, 150, 42, 7, 8, 250, 1, 64, 33, 12, 77, 290, 4, 2]
+    ref = _run(LlamaModel(load_gguf(path, progress=False), "cpu", weights="fp32"), ids)
+    mine = _run(NativeLlamaModel(gm, "native-fp32"), ids)
+    assert torch.allclose(mine, ref, atol=1e-4, rtol=1e-4), (mine - ref).abs().max()
+
+
+@pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K", "Q5_0"])
 def test_native_repacks_are_bit_identical_to_gguf(kind):
     from streamkit.engine.native.weights import dequantize as native_dequantize
     from streamkit.engine.native.weights import pack

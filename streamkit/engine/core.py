@@ -54,7 +54,7 @@ class EngineCore:
         native_mode = mode in NATIVE_MODES
         if native_mode and cuda:
             raise ValueError(f"weights={mode!r} runs on the CPU only")
-        gm = load_gguf(model_path, raw=native_mode, requantize=mode != "native-fp32")
+        gm = load_gguf(model_path, raw=native_mode)
         self.model_path = model_path
         self.config = gm.config
         self.metadata = gm.metadata

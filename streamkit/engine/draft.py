@@ -99,7 +99,7 @@ class DraftRunner:
         from streamkit.engine.native.model import NativeLlamaModel
 
         native_mode = weights in NATIVE_MODES
-        gm = load_gguf(path, raw=native_mode, requantize=weights != "native-fp32")
+        gm = load_gguf(path, raw=native_mode)
         if narrow and weights == "native":
             log.info("engine: draft weights narrowed to Q4_0 (%d matrices)", narrow_to_q4_0(gm.blocks))
         if gm.config.vocab_size != target_vocab:

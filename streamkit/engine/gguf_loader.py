@@ -52,22 +52,20 @@ def read_metadata(path: str) -> dict:
     return {k: _field_value(f) for k, f in r.fields.items()}
 
 
-# block formats the native kernels read (Q4_K, Q6_K and Q5_0 repacked exactly into their own layouts);
-# other quantized types (Q5_K) are re-quantized to Q8_0
-NATIVE_BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0")
+# the formats the native kernels read as stored (Q4_K, Q5_K, Q6_K and Q5_0 repacked exactly into
+# their own layouts at load): every tensor type the engine accepts (architectures.TENSOR_TYPES)
+NATIVE_BLOCK_TYPES = ("Q4_1", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "F16", "BF16")
 
 
-def load_gguf(path: str, *, progress: bool = True, raw: bool = False, requantize: bool = True) -> GGUFModel:
+def load_gguf(path: str, *, progress: bool = True, raw: bool = False) -> GGUFModel:
     """Config and tensors of a supported GGUF (see `architectures`); unsupported files raise
     `UnsupportedModelError` before any tensor is read. Q/K rows end up in the interleaved-pair rope
     layout whatever the file's architecture stores.
 
-    raw=True (the native CPU path) keeps every 2-D tensor in a block format instead of dequantizing
-    it: NATIVE_BLOCK_TYPES as stored, F32 / F16 / BF16 as float32, anything else (Q5_K)
-    re-quantized to Q8_0 (logged: a small loss against the file, at ~1.06 bytes per weight), or
-    with requantize=False kept exact as float32 (the native-fp32 reference mode)."""
+    raw=True (the native CPU path) keeps every 2-D tensor as stored for the native kernels
+    (NATIVE_BLOCK_TYPES; F32 as float32) instead of dequantizing it."""
     import gguf
-    from gguf.quants import dequantize, quantize
+    from gguf.quants import dequantize
 
     if not os.path.exists(path):
         raise FileNotFoundError(path)
@@ -83,7 +81,6 @@ def load_gguf(path: str, *, progress: bool = True, raw: bool = False, requantize
     tensors: dict[str, np.ndarray] = {}
     types: dict[str, str] = {}
     blocks: dict[str, tuple[str, np.ndarray]] = {}
-    requantized: set[str] = set()
     n = len(r.tensors)
     for i, t in enumerate(r.tensors):
         if progress and i and i % 50 == 0:
@@ -94,17 +91,10 @@ def load_gguf(path: str, *, progress: bool = True, raw: bool = False, requantize
         heads = needs_qk_permute(cfg, t.name)
         if raw and len(shape) == 2:
             if kind in NATIVE_BLOCK_TYPES:
-                data = neox_to_interleaved(t.data, heads) if heads else t.data
-                blocks[t.name] = (kind, data)
-                continue
-            arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-            if heads:
-                arr = neox_to_interleaved(arr, heads)
-            if kind in ("F32", "F16", "BF16") or not requantize:
-                blocks[t.name] = ("F32", arr)
-            else:
-                requantized.add(kind)
-                blocks[t.name] = ("Q8_0", quantize(arr, gguf.GGMLQuantizationType.Q8_0))
+                blocks[t.name] = (kind, neox_to_interleaved(t.data, heads) if heads else t.data)
+            else:  # F32
+                arr = np.asarray(t.data, dtype=np.float32).reshape(shape)
+                blocks[t.name] = ("F32", neox_to_interleaved(arr, heads) if heads else arr)
             continue
         arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
         if heads:
@@ -112,8 +102,6 @@ def load_gguf(path: str, *, progress: bool = True, raw: bool = False, requantize
         elif not arr.flags.writeable:
             arr = arr.copy()
         tensors[t.name] = arr
-    if requantized:
-        log.info("engine: %s tensors re-quantized to Q8_0 for the native kernels", ", ".join(sorted(requantized)))
     log.info("engine: loaded %s (%s): %d layers, dim %d, %d heads (%d kv), vocab %d, %.1fM params",
              meta.get("general.name", "?"), cfg.arch, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads,
              cfg.vocab_size, cfg.n_params / 1e6)

@@ -43,7 +43,7 @@ REQUIRES = {"avx2": {"avx2", "fma", "f16c", "bmi2"}}
 REQUIRES["avx512"] = REQUIRES["avx2"] | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
 REQUIRES["amx"] = REQUIRES["avx512"] | {"avx512_bf16", "amx_tile", "amx_bf16"}
 # weight formats understood by the kernels (block layouts exactly as in GGUF files)
-FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2, "Q4_0": 3, "Q4_K": 4, "Q6_K": 5}
+FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2, "Q4_0": 3, "Q4_K": 4, "Q6_K": 5, "Q5_K": 6, "F16": 7, "BF16": 8}
 # sk_init's capability bits
 CAP_AMX, CAP_BF16, CAP_AVX512, CAP_INT8 = 2, 4, 8, 16
 

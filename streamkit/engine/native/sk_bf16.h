@@ -99,6 +99,9 @@ static void dq_strip_any(const sk_w *w, int n0, uint16_t *buf, int il) {
     case SK_Q4_0: dq_strip(SK_Q4_0, w, n0, buf, il); break;
     case SK_Q4_K: dq_strip(SK_Q4_K, w, n0, buf, il); break;
     case SK_Q6_K: dq_strip(SK_Q6_K, w, n0, buf, il); break;
+    case SK_Q5_K: dq_strip(SK_Q5_K, w, n0, buf, il); break;
+    case SK_F16: dq_strip(SK_F16, w, n0, buf, il); break;
+    case SK_BFLOAT16: dq_strip(SK_BFLOAT16, w, n0, buf, il); break;
     default: dq_strip(SK_F32, w, n0, buf, il); break;
     }
 }

@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-enum { SK_F32 = 0, SK_Q4_1 = 1, SK_Q8_0 = 2, SK_Q4_0 = 3, SK_Q4_K = 4, SK_Q6_K = 5 };
+enum { SK_F32 = 0, SK_Q4_1 = 1, SK_Q8_0 = 2, SK_Q4_0 = 3, SK_Q4_K = 4, SK_Q6_K = 5, SK_Q5_K = 6, SK_F16 = 7, SK_BFLOAT16 = 8 };
 /* SK_Q4_K: a GGUF Q4_K super-block of 256 values as 8 blocks of 32. qs as Q4_1 (16 bytes a block:
  * value i in the low nibble of byte i, value i + 16 in the high nibble); sc per super-block 24
  * bytes: float d, float dmin, uint8 scale[8], uint8 min[8] (the 6-bit pairs unpacked). A block's
@@ -13,7 +13,11 @@ enum { SK_F32 = 0, SK_Q4_1 = 1, SK_Q8_0 = 2, SK_Q4_0 = 3, SK_Q4_K = 4, SK_Q6_K =
  * SK_Q6_K: a GGUF Q6_K super-block as 8 blocks of 32 with 6-bit values 0..63 in natural order; qs 24
  * bytes a block: the low 4 bits as Q4_1's nibbles, then two uint32 holding the high 2 bits of
  * values 0..15 and 16..31 (value i at bits 2i); sc per super-block 24 bytes: float d, 4 unused bytes,
- * int8 scale[16] (one per 16 values). Values are (d * scale) * (q - 32), as in gguf. */
+ * int8 scale[16] (one per 16 values). Values are (d * scale) * (q - 32), as in gguf.
+ * SK_Q5_K: a GGUF Q5_K super-block as 8 blocks of 32; qs 20 bytes a block: the low 4 bits as Q4_1's
+ * nibbles, then a uint32 holding the fifth bit of value i at bit i; sc as SK_Q4_K. Values are
+ * (d * scale) * q - dmin * min with q in 0..31, as in gguf.
+ * SK_F16, SK_BFLOAT16: the file's 16-bit floats as stored, qs = uint16 [n][k], sc unused. */
 
 /* A weight of n output rows by k inputs, repacked at load from the GGUF blocks into two arrays so
  * the scales can be broadcast straight from memory (converting fp16 scales in the loop made it
@@ -30,6 +34,12 @@ typedef struct {
 
 static const float J_Q4_1[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 static const float J_Q4_0[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+static const float J_Q5_HI[16] = {16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+
+/* the first of a block's 32 values in a 16-bit float weight */
+INLINE const uint16_t *f16_block(const sk_w *w, int n, int kb) {
+    return (const uint16_t *)w->qs + (size_t)n * w->k + (size_t)kb * 32;
+}
 
 /* scale and offset of block b (row-major block index) of a SK_Q4_K weight */
 INLINE void q4k_scale(const float *sc, size_t b, float *s0, float *s1) {
@@ -65,6 +75,33 @@ INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, v16 *lo, v16 *hi) {
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->qs + 16 * b)));
         *lo = _mm512_permutexvar_ps(q, tbl); /* vpermps reads only the low 4 bits of each index */
         *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), tbl);
+    } else if (fmt == SK_Q5_K) {
+        /* a 32-entry table (d*scale*j - dmin*min, j = 0..31) in two registers, picked by vpermt2ps */
+        float s0, s1;
+        q4k_scale(w->sc, b, &s0, &s1);
+        const __m512 vs0 = _mm512_set1_ps(s0), vs1 = _mm512_set1_ps(s1);
+        const __m512 t0 = _mm512_add_ps(_mm512_mul_ps(vs0, _mm512_loadu_ps(J_Q4_1)), vs1);
+        const __m512 t1 = _mm512_add_ps(_mm512_mul_ps(vs0, _mm512_loadu_ps(J_Q5_HI)), vs1);
+        const uint8_t *qb = w->qs + 20 * b;
+        uint32_t h;
+        memcpy(&h, qb + 16, 4);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qb));
+        const __m512i sh = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        const __m512i one = _mm512_set1_epi32(1), m4 = _mm512_set1_epi32(15);
+        const __m512i h0 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)h), sh), one), 4);
+        const __m512i h1 = _mm512_slli_epi32(
+            _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)(h >> 16)), sh), one), 4);
+        *lo = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_and_si512(q, m4), h0), t1);
+        *hi = _mm512_permutex2var_ps(t0, _mm512_or_si512(_mm512_srli_epi32(q, 4), h1), t1);
+    } else if (fmt == SK_F16) {
+        const uint16_t *p = f16_block(w, n, kb);
+        *lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16)));
+    } else if (fmt == SK_BFLOAT16) {
+        const uint16_t *p = f16_block(w, n, kb);
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+        *hi = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
     } else if (fmt == SK_Q6_K) {
         const float *S = w->sc + 6 * (b >> 3);
         const int8_t *scale = (const int8_t *)(S + 2) + 2 * (b & 7);
@@ -110,6 +147,17 @@ INLINE __m256 q6_8(__m128i bytes8, int shift, uint32_t h, int first, float d) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d));
 }
 
+/* the fifth bits of 8 Q5_K values, bits first.. of h, in place (16) */
+INLINE __m256i q5_high8(uint32_t h, int first) {
+    const __m256i sh = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(first));
+    return _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)h), sh), _mm256_set1_epi32(1)), 4);
+}
+
+/* 8 bf16 values -> fp32 (exact: the high half of each fp32) */
+INLINE __m256 bf16_8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
 INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, v16 *lo, v16 *hi) {
     const int nb = w->k / 32;
     const size_t b = (size_t)n * nb + kb;
@@ -125,6 +173,32 @@ INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, v16 *lo, v16 *hi) {
         lo->b = q4_8(_mm256_and_si256(qb, m4), z, vs0, vs1);
         hi->a = q4_8(_mm256_srli_epi32(qa, 4), z, vs0, vs1);
         hi->b = q4_8(_mm256_srli_epi32(qb, 4), z, vs0, vs1);
+    } else if (fmt == SK_Q5_K) {
+        float s0, s1;
+        q4k_scale(w->sc, b, &s0, &s1);
+        const uint8_t *qp = w->qs + 20 * b;
+        uint32_t h;
+        memcpy(&h, qp + 16, 4);
+        const __m128i q = _mm_loadu_si128((const __m128i *)qp);
+        const __m256i qa = _mm256_cvtepu8_epi32(q), qb = _mm256_cvtepu8_epi32(_mm_srli_si128(q, 8));
+        const __m256i m4 = _mm256_set1_epi32(15);
+        const __m256 vs0 = _mm256_set1_ps(s0), vs1 = _mm256_set1_ps(s1);
+        lo->a = q4_8(_mm256_or_si256(_mm256_and_si256(qa, m4), q5_high8(h, 0)), 0, vs0, vs1);
+        lo->b = q4_8(_mm256_or_si256(_mm256_and_si256(qb, m4), q5_high8(h, 8)), 0, vs0, vs1);
+        hi->a = q4_8(_mm256_or_si256(_mm256_srli_epi32(qa, 4), q5_high8(h, 16)), 0, vs0, vs1);
+        hi->b = q4_8(_mm256_or_si256(_mm256_srli_epi32(qb, 4), q5_high8(h, 24)), 0, vs0, vs1);
+    } else if (fmt == SK_F16) {
+        const uint16_t *p = f16_block(w, n, kb);
+        lo->a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        lo->b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+        hi->a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
+        hi->b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 24)));
+    } else if (fmt == SK_BFLOAT16) {
+        const uint16_t *p = f16_block(w, n, kb);
+        lo->a = bf16_8(p);
+        lo->b = bf16_8(p + 8);
+        hi->a = bf16_8(p + 16);
+        hi->b = bf16_8(p + 24);
     } else if (fmt == SK_Q6_K) {
         const float *S = w->sc + 6 * (b >> 3);
         const int8_t *scale = (const int8_t *)(S + 2) + 2 * (b & 7);
@@ -167,9 +241,23 @@ static void dq_row(const sk_w *w, int n, float *out) {
 #define SK_PREFETCH_AHEAD 2048 /* bytes of qs ahead of the rows being multiplied */
 #define SK_STRIP_AHEAD 16      /* rows ahead of the one being dequantized into a strip */
 
-static int qs_block_bytes(int fmt) { return fmt == SK_Q8_0 ? 32 : fmt == SK_F32 ? 128 : fmt == SK_Q6_K ? 24 : 16; }
+static int qs_block_bytes(int fmt) {
+    switch (fmt) {
+    case SK_Q8_0: return 32;
+    case SK_F32: return 128;
+    case SK_F16: case SK_BFLOAT16: return 64;
+    case SK_Q6_K: return 24;
+    case SK_Q5_K: return 20;
+    default: return 16;
+    }
+}
 static int sc_block_bytes(int fmt) {
-    return fmt == SK_Q8_0 ? 4 : fmt == SK_F32 ? 0 : (fmt == SK_Q4_K || fmt == SK_Q6_K) ? 3 : 8;
+    switch (fmt) {
+    case SK_Q8_0: return 4;
+    case SK_F32: case SK_F16: case SK_BFLOAT16: return 0;
+    case SK_Q4_K: case SK_Q5_K: case SK_Q6_K: return 3;
+    default: return 8;
+    }
 }
 
 /* prefetcht0 as a volatile asm: GCC 12 deletes a loop of _mm_prefetch calls once it is inlined */

@@ -65,6 +65,9 @@ static void fma_cols(const sk_w *w, int mr, const float *x, int ldx, float *y, i
     case SK_Q4_0: FMA_ROWS(SK_Q4_0); break;
     case SK_Q4_K: FMA_ROWS(SK_Q4_K); break;
     case SK_Q6_K: FMA_ROWS(SK_Q6_K); break;
+    case SK_Q5_K: FMA_ROWS(SK_Q5_K); break;
+    case SK_F16: FMA_ROWS(SK_F16); break;
+    case SK_BFLOAT16: FMA_ROWS(SK_BFLOAT16); break;
     default: FMA_ROWS(SK_F32); break;
     }
 }

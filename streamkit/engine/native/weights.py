@@ -28,23 +28,47 @@ def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
 
 
+def _k_scales(flat: np.ndarray) -> np.ndarray:
+    """Per Q4_K / Q5_K super-block float32 d, dmin and the unpacked uint8 scales and mins (24 bytes)."""
+    from gguf.quants import Q4_K
+
+    sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(flat[:, 4:16]))
+    head = np.stack([_f16(flat, 0), _f16(flat, 2)], -1).astype(np.float32)
+    return np.ascontiguousarray(np.concatenate([head.view(np.uint8), sc.astype(np.uint8), mn.astype(np.uint8)], -1))
+
+
+def _nibbles(ql: np.ndarray) -> np.ndarray:
+    """128 bytes of GGUF K-quant nibbles per super-block -> [..., 8 blocks, 32] values 0..15 (block
+    2j: the low nibbles of bytes 32j.., 2j+1: their high nibbles)."""
+    q = ql.reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    return (q & 0x0F).reshape(-1, 32)
+
+
 def _q4_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K super-blocks (256 values: f16 d, dmin, 8 six-bit scale/min pairs, 128 nibble bytes) in the
     kernels' SK_Q4_K layout (sk_kernels.c): 32-value blocks with Q4_1's nibble order, and per
     super-block float32 d, dmin and the unpacked uint8 scales and mins (24 bytes). The kernels form
     (d * scale) * q - dmin * min in fp32, as gguf's reference does: bit-identical values."""
-    from gguf.quants import Q4_K
-
     n = data.shape[0]
     flat = data.reshape(n, -1, 144).reshape(-1, 144)
     nsb = flat.shape[0] // n
-    sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(flat[:, 4:16]))
-    head = np.stack([_f16(flat, 0), _f16(flat, 2)], -1).astype(np.float32)
-    scales = np.concatenate([head.view(np.uint8), sc.astype(np.uint8), mn.astype(np.uint8)], -1)
-    q = flat[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    q = (q & 0x0F).reshape(-1, 32)  # sub-block 2j: low nibbles of bytes 32j.., 2j+1: high
+    q = _nibbles(flat[:, 16:])
     qs = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8).reshape(n, nsb * 8, 16)
-    return qs, np.ascontiguousarray(scales).view(np.float32).reshape(n, nsb, 6)
+    return qs, _k_scales(flat).view(np.float32).reshape(n, nsb, 6)
+
+
+def _q5_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q5_K super-blocks (Q4_K's with 32 bytes of fifth bits before the nibbles: bit j of byte l is
+    value l of block j) in the kernels' SK_Q5_K layout: per block the Q4_K nibbles and a uint32 of
+    fifth bits (value i at bit i); the scales as Q4_K's. Bit-identical values, as for Q4_K."""
+    n = data.shape[0]
+    flat = data.reshape(n, -1, 176).reshape(-1, 176)
+    nsb = flat.shape[0] // n
+    q = _nibbles(flat[:, 48:])
+    high = (flat[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    bits = np.packbits(high.reshape(-1, 32), axis=-1, bitorder="little")  # 4 bytes: value i at bit i
+    qs = np.concatenate([(q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8), bits], -1).reshape(n, nsb * 8, 20)
+    return np.ascontiguousarray(qs), _k_scales(flat).view(np.float32).reshape(n, nsb, 6)
 
 
 def _q6_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -79,11 +103,15 @@ def _q5_0_as_q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pack(type_name: str, data: np.ndarray) -> PackedWeight:
-    """data: the tensor as GGUF stores it, [n, row bytes] uint8 for block formats, [n, k] float32 for F32.
-    Q4_K and Q6_K are repacked exactly into the kernels' SK_Q4_K / SK_Q6_K layouts, Q5_0 into Q8_0."""
-    if type_name == "Q4_K":
-        qs, sc = _q4_k_blocks(data)
-        return PackedWeight(FORMATS["Q4_K"], data.shape[0], qs.shape[1] * BLOCK, qs, sc)
+    """data: the tensor as GGUF stores it, [n, row bytes] uint8 for block formats and BF16, [n, k]
+    float32 / float16 for F32 / F16. Q4_K, Q5_K and Q6_K are repacked exactly into the kernels'
+    SK_Q4_K / SK_Q5_K / SK_Q6_K layouts, Q5_0 into Q8_0; F16 and BF16 are read as stored."""
+    if type_name in ("F16", "BF16"):
+        qs = np.ascontiguousarray(data).view(np.uint16).reshape(data.shape[0], -1)
+        return PackedWeight(FORMATS[type_name], qs.shape[0], qs.shape[1], qs, np.empty(0, np.float32))
+    if type_name in ("Q4_K", "Q5_K"):
+        qs, sc = (_q4_k_blocks if type_name == "Q4_K" else _q5_k_blocks)(data)
+        return PackedWeight(FORMATS[type_name], data.shape[0], qs.shape[1] * BLOCK, qs, sc)
     if type_name == "Q6_K":
         qs, sc = _q6_k_blocks(data)
         return PackedWeight(FORMATS["Q6_K"], data.shape[0], qs.shape[1] * BLOCK, qs, sc)
