@@ -113,3 +113,19 @@ async def test_asr_finals_hold_the_cores_urgently_and_partials_do_not():
     assert len(finals) == 1 and finals[0].text, out
     assert seen[-1][:2] == (True, stage.threads), seen
     assert len(seen) > 1 and all(s[:2] == (False, stage.threads) for s in seen[:-1]), seen
+
+
+def test_one_cache_root_for_models_and_kernels(monkeypatch, tmp_path):
+    """Joined models and compiled kernels are found under one root; each override moves what it names."""
+    from streamkit import cache
+
+    for name in ("STREAMKIT_CACHE_DIR", "STREAMKIT_MODEL_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.root() == tmp_path / "home" / ".cache" / "streamkit"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.models_dir() == tmp_path / "xdg" / "streamkit" / "models"
+    monkeypatch.setenv("STREAMKIT_CACHE_DIR", str(tmp_path / "sk"))
+    assert (cache.models_dir(), cache.native_dir()) == (tmp_path / "sk" / "models", tmp_path / "sk" / "native")
+    monkeypatch.setenv("STREAMKIT_MODEL_CACHE", str(tmp_path / "models"))
+    assert (cache.models_dir(), cache.native_dir()) == (tmp_path / "models", tmp_path / "sk" / "native")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from streamkit import cache
 from streamkit.joined_file import write_joined
 
 log = logging.getLogger("streamkit.engine")
@@ -67,10 +68,6 @@ class ModelPackageError(RuntimeError):
     pass
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("STREAMKIT_CACHE_DIR") or Path.home() / ".cache" / "streamkit")
-
-
 def _part_paths(m: PackagedModel) -> list[Path]:
     paths = []
     for i, dist in enumerate(m.packages):
@@ -107,7 +104,7 @@ def ensure_model(m: PackagedModel = QWEN_1_5B, directory: str | os.PathLike | No
 
     A cached file of the right size whose sha256 was verified when it was written is trusted (the
     marker holds the digest); anything else is rebuilt and verified again."""
-    out_dir = Path(directory) if directory else cache_dir() / "models"
+    out_dir = Path(directory) if directory else cache.models_dir()
     out = out_dir / m.name
     marker = out.with_suffix(out.suffix + ".sha256")
     if out.is_file() and out.stat().st_size == m.size and marker.is_file() and marker.read_text().strip() == m.sha256:

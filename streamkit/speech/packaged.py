@@ -6,7 +6,8 @@
 Nothing is downloaded: the parts come from installed packages (importlib.resources). A joined
 file is checked for its size and sha256 when it is written; a file already in the cache is
 accepted when its size matches (hashing 145 MB on every start would cost a second). The cache
-is $STREAMKIT_MODEL_CACHE, else $XDG_CACHE_HOME/streamkit/models, else ~/.cache/streamkit/models.
+is streamkit.cache.models_dir(): $STREAMKIT_MODEL_CACHE, else $STREAMKIT_CACHE_DIR/models, else
+$XDG_CACHE_HOME/streamkit/models, else ~/.cache/streamkit/models.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from streamkit import cache
 from streamkit.joined_file import write_joined
 
 _lock = threading.Lock()
@@ -51,14 +53,6 @@ class PackagedModelError(RuntimeError):
     pass
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("STREAMKIT_MODEL_CACHE")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "streamkit" / "models"
-
-
 def _resource(package: str, path: str):
     try:
         return res.files(package).joinpath(path)
@@ -79,12 +73,12 @@ def join(spec: SplitFile, directory: Path) -> Path:
 
 
 def kokoro_model() -> Path:
-    return join(KOKORO, cache_dir())
+    return join(KOKORO, cache.models_dir())
 
 
 def whisper_base_dir() -> Path:
     """A directory faster-whisper loads: the joined model.bin beside config, tokenizer, vocabulary."""
-    directory = cache_dir() / "whisper-base-ct2"
+    directory = cache.models_dir() / "whisper-base-ct2"
     join(WHISPER_BASE, directory)
     for name in WHISPER_BASE_FILES:
         target = directory / name

@@ -10,7 +10,7 @@ tunes), at run time (like Triton or torch's cpp extensions), not at install time
           fp32 FMAs, strips dequantized once per step for batched steps.
 The best path the CPU has is the default; STREAMKIT_NATIVE_ISA=avx512|avx2 (or the engine option
 `native_isa`) forces a lower one, and asking for a path the CPU lacks is a ValueError. Each build
-takes a few seconds once; the result is cached under $STREAMKIT_CACHE_DIR (default
+takes a few seconds once; the result is cached under streamkit.cache.native_dir() (default
 ~/.cache/streamkit/native), keyed by the path, the sources, the compiler and the flags. Where there
 is no compiler, no AVX2/FMA/F16C or STREAMKIT_NATIVE=0, `load()` returns None and the engine uses
 its torch path.
@@ -29,6 +29,8 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+
+from streamkit import cache
 
 log = logging.getLogger("streamkit.engine")
 
@@ -87,11 +89,6 @@ def isa_flags(isa: str, cpu: set[str] | None = None) -> list[str]:
     return flags
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("STREAMKIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "streamkit")
-    return Path(base) / "native"
-
-
 def _compiler() -> str | None:
     cc = os.environ.get("CC")
     return cc if cc and shutil.which(cc) else (shutil.which("gcc") or shutil.which("cc"))
@@ -103,7 +100,7 @@ def _build(cc: str, isa: str, flags: list[str]) -> Path:
     sources = [p.read_bytes() for p in sorted(SOURCE.parent.glob("sk_*.[ch]"))]
     for part in (*sources, version.encode(), isa.encode(), " ".join(CFLAGS + flags).encode()):
         key.update(part)
-    out = cache_dir() / f"sk_kernels-{isa}-{key.hexdigest()[:16]}.so"
+    out = cache.native_dir() / f"sk_kernels-{isa}-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
