@@ -15,7 +15,10 @@
  * (G = 4 on AVX-512, 2 on AVX2: one register of 4-bit weights) stored as the first halves of its
  * blocks, then the second halves (A0..15 B0..15 .. A16..31 B16..31 ..), the order in which a load of
  * the group's nibbles splits into low and high halves by and/shift alone; then d [2][K/256] float;
- * then bs [2][K/16] int16, the sums of 16 consecutive q in natural order.
+ * then xs16 [K/16] and xs32 [K/32] float, the sums of 16 and 32 consecutive values as the two terms
+ * give them (d0 q0 + d1 q1). Q4_K's mins and Q6_K's -32 need only those sums: they do not depend on
+ * the weight's integers, so per column they cost one fp32 FMA per row, not an integer pass per term
+ * (which made the epilogue a third of a 2-row step).
  * Included by sk_kernels.c only (after sk_dequant.h). */
 #ifndef SK_GEMV_H
 #define SK_GEMV_H
@@ -35,18 +38,21 @@
 
 INLINE int gemv_kquant(int fmt) { return fmt == SK_Q4_K || fmt == SK_Q6_K; }
 
-static size_t gemv_x_stride(int K) { return ((size_t)2 * K + (size_t)2 * (K / 256) * 4 + (size_t)2 * (K / 16) * 2 + 63) / 64 * 64; }
+static size_t gemv_x_stride(int K) {
+    return ((size_t)2 * K + (size_t)2 * (K / 256) * 4 + (size_t)(K / 16) * 4 + (size_t)(K / 32) * 4 + 63) / 64 * 64;
+}
 
 typedef struct {
-    const int8_t *q;   /* [2][K] */
-    const float *d;    /* [2][K/256] */
-    const int16_t *bs; /* [2][K/16] */
+    int8_t *q;    /* [2][K] */
+    float *d;     /* [2][K/256] */
+    float *xs16;  /* [K/16] */
+    float *xs32;  /* [K/32] */
 } gemv_x;
 
 INLINE gemv_x gemv_row(const uint8_t *xb, int K, int r) {
-    const uint8_t *p = xb + (size_t)r * gemv_x_stride(K);
-    const gemv_x g = {(const int8_t *)p, (const float *)(p + 2 * (size_t)K),
-                      (const int16_t *)(p + 2 * (size_t)K + (size_t)2 * (K / 256) * 4)};
+    uint8_t *p = (uint8_t *)xb + (size_t)r * gemv_x_stride(K);
+    float *d = (float *)(p + 2 * (size_t)K);
+    const gemv_x g = {(int8_t *)p, d, d + 2 * (K / 256), d + 2 * (K / 256) + K / 16};
     return g;
 }
 
@@ -108,14 +114,15 @@ static void gemv_pack_x_team(const float *x, int ldx, int M, int K, uint8_t *xb,
     team_span(t, M * NS, &i0, &i1);
     for (int i = i0; i < i1; i++) {
         const int r = i / NS, s = i % NS;
-        uint8_t *p = xb + (size_t)r * gemv_x_stride(K);
-        int8_t *q = (int8_t *)p;
-        float *d = (float *)(p + 2 * (size_t)K);
-        int16_t *bs = (int16_t *)(p + 2 * (size_t)K + (size_t)2 * NS * 4);
+        const gemv_x X = gemv_row(xb, K, r);
         float v[256];
+        int16_t bs[2][16];
         memcpy(v, x + (size_t)r * ldx + (size_t)s * 256, sizeof v);
-        gemv_quant_term(v, q + s * 256, d + s, bs + s * 16);
-        gemv_quant_term(v, q + K + s * 256, d + NS + s, bs + K / 16 + s * 16);
+        gemv_quant_term(v, X.q + s * 256, X.d + s, bs[0]);
+        gemv_quant_term(v, X.q + K + s * 256, X.d + NS + s, bs[1]);
+        const float d0 = X.d[s], d1 = X.d[NS + s];
+        for (int h = 0; h < 16; h++) X.xs16[s * 16 + h] = d0 * (float)bs[0][h] + d1 * (float)bs[1][h];
+        for (int j = 0; j < 8; j++) X.xs32[s * 8 + j] = X.xs16[s * 16 + 2 * j] + X.xs16[s * 16 + 2 * j + 1];
     }
 }
 
@@ -159,8 +166,6 @@ INLINE gvi gv_madd_acc(gvi acc, gvi p, gvi s) {
 #endif
 }
 INLINE gvf gv_fma_i(gvi i, float s, gvf f) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(s), f); }
-INLINE gvf gv_add128(gvf f, __m128 v) { return _mm512_add_ps(f, _mm512_zextps128_ps512(v)); }
-INLINE gvi gv_sub256(gvi a, __m256i v) { return _mm512_sub_epi32(a, _mm512_zextsi256_si512(v)); }
 INLINE float gv_sum(gvf f) { return _mm512_reduce_add_ps(f); }
 /* each dword's low int16 copied into its high half: a dword lane then broadcasts one int16 scale */
 INLINE gvi gv_dup16(gvi d32) { return _mm512_or_si512(_mm512_and_si512(d32, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(d32, 16)); }
@@ -205,8 +210,6 @@ INLINE gvi gv_nib(void) { return _mm256_set1_epi8(0x0F); }
 INLINE gvi gv_maddubs(gvi u, gvi x) { return _mm256_maddubs_epi16(u, x); }
 INLINE gvi gv_madd_acc(gvi acc, gvi p, gvi s) { return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)); }
 INLINE gvf gv_fma_i(gvi i, float s, gvf f) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(s), f); }
-INLINE gvf gv_add128(gvf f, __m128 v) { return _mm256_add_ps(f, _mm256_zextps128_ps256(v)); }
-INLINE gvi gv_sub256(gvi a, __m256i v) { return _mm256_sub_epi32(a, v); }
 INLINE float gv_sum(gvf f) { return sum8(f); }
 INLINE gvi gv_dup16(gvi d32) { return _mm256_or_si256(_mm256_and_si256(d32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(d32, 16)); }
 INLINE gvi gv_lanes(gvi src, int a, int step) { return _mm256_permutevar8x32_epi32(src, lanes4(a, a + step)); }
@@ -240,9 +243,11 @@ INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, f
     const gvi m4 = gv_nib();
     gemv_x X[2];
     gvf f[2];
+    __m256 fo[2]; /* the offset terms (Q4_K's mins, Q6_K's -32), 8 lanes */
     for (int r = 0; r < MR; r++) {
         X[r] = gemv_row(xb, K, r);
         f[r] = gv_fzero();
+        fo[r] = _mm256_setzero_ps();
     }
     for (int s = 0; s < NS; s++) {
         const float *S = w->sc + (size_t)6 * ((size_t)n * NS + s);
@@ -276,24 +281,26 @@ INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, f
                     ia[r][t] = gv_madd_acc(ia[r][t], gv_maddubs(hi, gv_load(xq + 16 * G)), schi);
                 }
         }
-        for (int r = 0; r < MR; r++)
-            for (int t = 0; t < 2; t++) {
-                const int16_t *bs = X[r].bs + (size_t)t * (K / 16) + s * 16;
-                const float dx = X[r].d[t * NS + s];
-                if (fmt == SK_Q4_K) { /* - dmin * sum_j min_j * (sum of block j's x), from the per-16 sums */
-                    const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)(S + 2) + 8)));
-                    const __m128i b32 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs), _mm_loadu_si128((const __m128i *)(bs + 8)));
-                    f[r] = gv_fma_i(ia[r][t], S[0] * dx, f[r]);
-                    f[r] = gv_add128(f[r], _mm_mul_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, b32)), _mm_set1_ps(-S[1] * dx)));
-                } else { /* the values are q - 32: subtract 32 * sum_h scale_h * (sum of those 16 x) */
-                    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(S + 2)));
-                    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bs));
-                    f[r] = gv_fma_i(gv_sub256(ia[r][t], _mm256_slli_epi32(off, 5)), S[0] * dx, f[r]);
-                }
+        if (fmt == SK_Q4_K) { /* - dmin * sum_j min_j * (sum of block j's x) */
+            const __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                  _mm_loadl_epi64((const __m128i *)((const uint8_t *)(S + 2) + 8)))),
+                                              _mm256_set1_ps(-S[1]));
+            for (int r = 0; r < MR; r++) fo[r] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(X[r].xs32 + s * 8), fo[r]);
+        } else { /* the values are q - 32: - 32 d * sum_h scale_h * (sum of those 16 x) */
+            const int8_t *sc = (const int8_t *)(S + 2);
+            const __m256 m32 = _mm256_set1_ps(-32.0f * S[0]);
+            const __m256 c0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc))), m32);
+            const __m256 c1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8)))), m32);
+            for (int r = 0; r < MR; r++) {
+                fo[r] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(X[r].xs16 + s * 16), fo[r]);
+                fo[r] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(X[r].xs16 + s * 16 + 8), fo[r]);
             }
+        }
+        for (int r = 0; r < MR; r++)
+            for (int t = 0; t < 2; t++) f[r] = gv_fma_i(ia[r][t], S[0] * X[r].d[t * NS + s], f[r]);
     }
     for (int r = 0; r < MR; r++) {
-        const float sum = gv_sum(f[r]);
+        const float sum = gv_sum(f[r]) + sum8(fo[r]);
         float *o = y + (size_t)r * ldy + n;
         *o = acc ? *o + sum : sum;
     }
