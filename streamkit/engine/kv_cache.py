@@ -46,9 +46,10 @@ class BlockAllocator:
         self._refs = [0] * num_blocks
         self._key_of: dict[int, bytes] = {}  # registered block -> its key
         self._by_key: dict[bytes, int] = {}
-        # the registered blocks after each parent key: block -> its tokens (partial-block reuse)
-        self._children: dict[bytes, dict[int, tuple[int, ...]]] = {}
-        self._parent_of: dict[int, bytes] = {}
+        # partial-block reuse: the registered blocks after each parent key, by their first token:
+        # parent -> first token -> {block: its tokens}
+        self._children: dict[bytes, dict[int, dict[int, tuple[int, ...]]]] = {}
+        self._parent_of: dict[int, tuple[bytes, int]] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # registered, held by nobody; oldest first
         self.evicted = 0  # cached blocks handed out again for other tokens
 
@@ -99,19 +100,25 @@ class BlockAllocator:
         if key not in self._by_key and block not in self._key_of:
             self._by_key[key] = block
             self._key_of[block] = key
-            self._children.setdefault(parent, {})[block] = tuple(tokens)
-            self._parent_of[block] = parent
+            if tokens:
+                self._children.setdefault(parent, {}).setdefault(tokens[0], {})[block] = tuple(tokens)
+                self._parent_of[block] = (parent, tokens[0])
 
-    def children(self, parent: bytes) -> dict[int, tuple[int, ...]]:
-        """The registered blocks that follow the block keyed `parent` (b"": first blocks), with their tokens."""
-        return self._children.get(parent, {})
+    def children(self, parent: bytes, first: int) -> dict[int, tuple[int, ...]]:
+        """The registered blocks that follow the block keyed `parent` (b"": first blocks) and start
+        with token `first`, with their tokens."""
+        return self._children.get(parent, {}).get(first, {})
 
     def _forget(self, block: int) -> None:
         del self._by_key[self._key_of.pop(block)]
-        parent = self._parent_of.pop(block)
-        siblings = self._children[parent]
-        del siblings[block]
-        if not siblings:
+        if block not in self._parent_of:
+            return
+        parent, first = self._parent_of.pop(block)
+        by_first = self._children[parent]
+        del by_first[first][block]
+        if not by_first[first]:
+            del by_first[first]
+        if not by_first:
             del self._children[parent]
 
     def drop_cached(self) -> None:
@@ -190,7 +197,7 @@ class PagedKVCache:
         """Copy the cached block after `parent` that shares the longest run of tokens with `rest`
         (fewer than a block) into a new block appended to `blocks`; returns the tokens it covers."""
         best, best_n = None, 0
-        for block, toks in self.allocator.children(parent).items():
+        for block, toks in (self.allocator.children(parent, rest[0]) if rest else {}).items():
             n = 0
             for a, b in zip(toks, rest):
                 if a != b:

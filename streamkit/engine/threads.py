@@ -49,7 +49,7 @@ class ThreadTuner:
         if not self.enabled:
             return self.current
         if held:
-            self._set(max(1, self.choices[-1] - held))
+            self._set(cores.engine_threads(self.choices[-1]))
             return self.current
         b = _bucket(n_tokens)
         pref = self._pref.get(b, self.choices[-1])
