@@ -119,6 +119,7 @@ def run_model(name: str, questions, with_describe: bool = True) -> dict:
     from streamkit.video.describe_text import DEFAULT_PROMPT, DEFAULT_SYSTEM, first_sentence, summarize
 
     eng = get_engine(model_path=name)
+    mine = not eng.loaded  # an engine this process already uses stays loaded
     answer_cfg = LLM.Config(name="answer", mode="answer", max_tokens=96)  # pipelines/assistant.yaml's stage
     answer_params = SamplingParams(max_tokens=answer_cfg.max_tokens, temperature=answer_cfg.temperature,
                                    repetition_penalty=answer_cfg.repetition_penalty)
@@ -168,7 +169,8 @@ def run_model(name: str, questions, with_describe: bool = True) -> dict:
     try:
         return asyncio.run(go())
     finally:
-        eng.close()
+        if mine:
+            eng.close()
 
 
 def main(argv: list[str]) -> int:
