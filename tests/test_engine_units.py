@@ -237,5 +237,12 @@ def test_engine_waits_for_urgent_compute(tmp_path):
         assert result and result[0], "the engine went on once the hold ended"
         stats = eng.core.stats()
         assert stats["urgent_pauses"] == 1 and stats["urgent_paused_s"] > 0
+        # after a wait the engine runs at least as long before waiting again: overlapping urgent
+        # work of many sessions cannot starve it
+        assert eng.core._urgent_owed_until > 0
+        with cores.hold(1, urgent=True):
+            eng.core._urgent_owed_until = time.monotonic() + 60
+            eng.core._yield_to_urgent()
+        assert eng.core.stats()["urgent_pauses"] == 1
     finally:
         eng.close()

@@ -119,6 +119,7 @@ class EngineCore:
         self.steps = 0
         self.urgent_pauses = 0  # steps that waited for urgent compute (streamkit.cores)
         self.urgent_paused_s = 0.0
+        self._urgent_owed_until = 0.0  # monotonic time before which the engine does not wait again
         self.last_batch_size = 0
         self._recent: deque = deque(maxlen=256)
         self.load_seconds = time.perf_counter() - t0
@@ -243,10 +244,15 @@ class EngineCore:
                 self.delivery.flush()
 
     def _yield_to_urgent(self) -> None:
-        """Wait while urgent compute holds the cores (streamkit.cores), at most urgent_pause_s."""
-        if self.options.urgent_pause_s > 0 and cores.urgent():
+        """Wait while urgent compute holds the cores (streamkit.cores), at most urgent_pause_s; after
+        a wait, run at least as long before waiting again. Many sessions' urgent work can overlap
+        without a gap: the engine keeps half of the time for their translations."""
+        now = time.monotonic()
+        if self.options.urgent_pause_s > 0 and cores.urgent() and now >= self._urgent_owed_until:
+            waited = cores.wait_urgent(self.options.urgent_pause_s)
             self.urgent_pauses += 1
-            self.urgent_paused_s += cores.wait_urgent(self.options.urgent_pause_s)
+            self.urgent_paused_s += waited
+            self._urgent_owed_until = time.monotonic() + waited
 
     # ---------------------------------------------------------------- one step
     def _propose(self) -> None:
