@@ -314,7 +314,8 @@ INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, f
  * q's sign (llama.cpp's trick): q + 128 would overflow vpmaddubsw's int16 pairs.
  * x layout, per row (gemv_b_stride bytes): q [2][K] int8 (the 4-bit formats in the group order
  * above, a last group of fewer blocks as G = 2; Q8_0 in natural order), dx [2][K/32],
- * sx [2][K/32] = dx * sum(q) per block. */
+ * sx [K/32] = the block's sum as both terms give it, dx1 * sum(q1) + dx2 * sum(q2): the offset
+ * term s1 * sum(x) needs one FMA a block, not one a term. */
 
 INLINE int gemv_block_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q8_0; }
 
@@ -326,7 +327,7 @@ INLINE int gemv_takes(const sk_w *w, int M) {
     return M == 1 && gemv_block_format(w->fmt) && w->k % 64 == 0;
 }
 
-static size_t gemv_b_stride(int K) { return ((size_t)2 * K + (size_t)4 * (K / 32) * 4 + 63) / 64 * 64; }
+static size_t gemv_b_stride(int K) { return ((size_t)2 * K + (size_t)3 * (K / 32) * 4 + 63) / 64 * 64; }
 
 static void gemv_pack_blocks_team(const float *x, int ldx, int M, int K, int grouped, uint8_t *xb, sk_team *t) {
     const int NB = K / 32;
@@ -339,6 +340,7 @@ static void gemv_pack_blocks_team(const float *x, int ldx, int M, int K, int gro
         float *dx = (float *)(p + 2 * (size_t)K), *sx = dx + 2 * NB;
         float v[32];
         memcpy(v, x + (size_t)r * ldx + (size_t)b * 32, sizeof v);
+        sx[b] = 0.0f;
         for (int term = 0; term < 2; term++) {
             const float amax = amax_n(v, 32);
             const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -347,7 +349,7 @@ static void gemv_pack_blocks_team(const float *x, int ldx, int M, int K, int gro
             int s0, s1;
             quant32(v, d, id, lo, hi, &s0, &s1);
             dx[term * NB + b] = d;
-            sx[term * NB + b] = d * (float)(s0 + s1);
+            sx[b] += d * (float)(s0 + s1);
         }
     }
 }
@@ -410,8 +412,8 @@ INLINE void gemv_pair(int fmt, int MR, const sk_w *w, int n, int b, const uint8_
                 const __m256i i = dot256(dot256(_mm256_setzero_si256(), u[0], x0), u[1], x1);
                 f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(S, lanes4(0, 1)), f[r]);
             }
-            o[r] = _mm_fmadd_ps(s1, load_n(sx + t * NB + b, 2), o[r]);
         }
+        o[r] = _mm_fmadd_ps(s1, load_n(sx + b, 2), o[r]);
     }
 }
 
@@ -473,8 +475,8 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
                     const __m512i i = dot_u8s8(dot_u8s8(_mm512_setzero_si512(), u0, x0), u1, x1);
                     F[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(e4, S), F[r]);
                 }
-                o[r] = _mm_fmadd_ps(s1, _mm_loadu_ps(sx + t * NB + b), o[r]);
             }
+            o[r] = _mm_fmadd_ps(s1, _mm_loadu_ps(sx + b), o[r]);
         }
     }
 #endif
