@@ -254,7 +254,7 @@ async def test_llm_stage_over_remote_engine(redis_url, engine):
         from streamkit.stages.llm import LLM as Stage
 
         local = Stage(Stage.Config(name="x", mode="answer", max_tokens=12), StageContext("t", "s"))
-        expected = await engine.complete(local.build_prompt("What is the capital of France?"), local._params())
+        expected = await engine.complete(local.build_prompt("What is the capital of France?"), local.sampling_params())
         assert finals[0].text == expected.strip()  # greedy: the remote engine answers as the local one
     finally:
         stop.set()

@@ -114,15 +114,16 @@ async def _timed(eng, messages, params) -> tuple[str, float, float | None, float
 
 def run_model(name: str, questions, with_describe: bool = True) -> dict:
     from streamkit.engine import SamplingParams, get_engine
+    from streamkit.stage import StageContext
     from streamkit.stages.describe import Describe
     from streamkit.stages.llm import LLM, chat_messages
     from streamkit.video.describe_text import DEFAULT_PROMPT, DEFAULT_SYSTEM, first_sentence, summarize
 
     eng = get_engine(model_path=name)
     mine = not eng.loaded  # an engine this process already uses stays loaded
-    answer_cfg = LLM.Config(name="answer", mode="answer", max_tokens=96)  # pipelines/assistant.yaml's stage
-    answer_params = SamplingParams(max_tokens=answer_cfg.max_tokens, temperature=answer_cfg.temperature,
-                                   repetition_penalty=answer_cfg.repetition_penalty)
+    # pipelines/assistant.yaml's stage, sampling as it does
+    answer_params = LLM(LLM.Config(name="answer", mode="answer", max_tokens=96), StageContext("bench", "answers")
+                        ).sampling_params()
     describe_cfg = Describe.Config(name="describe", max_tokens=32)  # pipelines/video_analysis.yaml's stage
     describe_params = SamplingParams(max_tokens=describe_cfg.max_tokens, temperature=describe_cfg.temperature,
                                      stop=["\n"])

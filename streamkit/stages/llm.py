@@ -138,7 +138,8 @@ class LLM(Stage):
         return chat_messages(c.mode, self.language_name, text, c.system,
                              self._history[-2 * c.history:] if c.history else None)
 
-    def _params(self) -> Any:
+    def sampling_params(self) -> Any:
+        """The engine sampling parameters this stage generates with (from its config)."""
         from streamkit.engine import SamplingParams
 
         c = self.config
@@ -152,7 +153,7 @@ class LLM(Stage):
         language = self.target_language if self.config.mode == "translate" else frame.language
         parts: list[str] = []
         meta = dict(language=language, start=frame.start, end=frame.end, utterance=frame.utterance, pts=frame.pts)
-        async with aclosing(self.engine.generate(prompt, self._params())) as stream:
+        async with aclosing(self.engine.generate(prompt, self.sampling_params())) as stream:
             async for piece in stream:
                 if not piece:
                     continue
