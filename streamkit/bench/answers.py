@@ -46,6 +46,9 @@ def log(msg: str) -> None:
 
 
 def load_questions(path: str | Path = DATA) -> list[tuple[str, list[str]]]:
+    if not Path(path).is_file():
+        raise SystemExit(f"streamkit bench answers: no question file at {path} (it is in the source "
+                         "checkout's tests/data, not in the wheel)")
     out = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.strip() and not line.startswith("#"):
