@@ -16,6 +16,7 @@ for gets every core. Work that is not urgent only narrows the engine's team.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -27,6 +28,19 @@ _held = 0  # threads held by compute outside the engine
 _urgent = 0  # holders the engine pauses for
 _waiting = 0  # threads blocked in wait_urgent
 _changes = 0  # holds begun or ended so far: a step that saw it change ran contended
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def count() -> int:

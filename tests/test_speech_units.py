@@ -115,6 +115,64 @@ async def test_asr_finals_hold_the_cores_urgently_and_partials_do_not():
     assert len(seen) > 1 and all(s[:2] == (False, stage.threads) for s in seen[:-1]), seen
 
 
+async def _utterances(stage, clips: list[np.ndarray], rate: int) -> list:
+    from streamkit import events
+    from streamkit.frames import AudioFrame, EventFrame, TextFrame
+
+    out, t = [], 0.0
+    for clip in clips:
+        out += [f async for f in stage.process(EventFrame(events.SPEECH_START, {"start": t}))]
+        step = rate // 10
+        for i in range(0, len(clip), step):
+            out += [f async for f in stage.process(AudioFrame(clip[i:i + step], rate, pts=t + i / rate))]
+        out += [f async for f in stage.process(EventFrame(events.SPEECH_END, {}))]
+        t += len(clip) / rate + 1.0
+    return [f for f in out if isinstance(f, TextFrame) and f.final]
+
+
+@pytest.mark.parametrize("condition", [True, False])
+async def test_asr_prompts_an_utterance_with_the_finals_before_it(condition):
+    """condition_on_previous: the decodes of an utterance get the session's earlier finals as
+    Whisper's prompt (real telephone prompts, two utterances), and a restored stage keeps them."""
+    import recordings
+
+    from streamkit.stage import StageContext
+    from streamkit.stages.asr import ASR
+
+    recordings.require()
+    config = ASR.Config(name="asr", model="tiny.en", speculative=False, partials=False, condition_on_previous=condition)
+    stage = ASR(config, StageContext("t", "s"))
+    await stage.start()
+    prompts: list[str] = []
+    decode = stage.decoder.decode
+
+    def spy(audio, prompt, *args):
+        prompts.append(prompt)
+        return decode(audio, prompt, *args)
+
+    stage.decoder.decode = spy
+    clips = [recordings.load("conf-getpin"), recordings.load("conf-invalidpin")]
+    finals = await _utterances(stage, clips, recordings.RATE)
+    assert len(finals) == 2 and len(prompts) == 2, (finals, prompts)
+    assert prompts[0] == ""
+    assert prompts[1] == (finals[0].text if condition else ""), prompts
+    restored = ASR(config, StageContext("t", "s"))
+    restored.restore(stage.snapshot())
+    assert restored.previous == stage.previous == (f"{finals[0].text} {finals[1].text}" if condition else "")
+
+
+def test_loop_cut_keeps_phrases_that_come_back_and_cuts_repeats():
+    """Whisper in a shortened context can loop; a phrase said again later is speech, not a loop."""
+    from streamkit.speech.whisper import _loop_start
+
+    menu = "4 or 6 to decrease or increase the conference volume 7 or 9 to decrease or increase your volume"
+    assert _loop_start(menu.split(), 8) is None
+    assert _loop_start("call forward on no answer call forward on no answer".split(), 8) == 5
+    assert _loop_start("thank you thank you thank you thank you".split(), 8) == 2
+    assert _loop_start("no no I said no".split(), 8) is None
+    assert _loop_start("so so so so so so so so".split(), 8) == 1
+
+
 def test_one_cache_root_for_models_and_kernels(monkeypatch, tmp_path):
     """Joined models and compiled kernels are found under one root; each override moves what it names."""
     from streamkit import cache

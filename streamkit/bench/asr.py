@@ -39,14 +39,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--real-only", action="store_true", help="only the recorded prompts (with --real)")
     ap.add_argument("--model", default="tiny.en", help="ASR model for --real (tiny.en, base or a path)")
     ap.add_argument("--final-beam", type=int, default=5, help="asr final_beam_size for --real")
-    ap.add_argument("--final-full-context", action="store_true",
-                    help="asr final_full_context for --real: the final decoded in Whisper's 30 s context")
+    ap.add_argument("--final-context", choices=("auto", "full", "short"), default="auto",
+                    help="asr final_full_context for --real: the final decoded in Whisper's 30 s context (full), "
+                         "in the utterance's own (short), or the stage's default (auto: full where the encoder is torch-bf16)")
+    ap.add_argument("--encoder", choices=("auto", "ctranslate2", "torch-bf16"), default="auto",
+                    help="asr encoder for --real")
     args = ap.parse_args(argv)
     if args.real_only:
         from streamkit.bench.asr_real import main_real
 
         print_result(main_real(args.real, args.model, args.threads, args.silence_ms, not args.no_peer,
-                               args.final_beam, args.final_full_context), args.json)
+                               args.final_beam, args.final_context, args.encoder), args.json)
         return 0
     return asyncio.run(_run(args))
 

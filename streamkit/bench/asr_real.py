@@ -26,7 +26,7 @@ input: {{audio: {{sample_rate: 16000}}}}
 stages:
   - {{name: vad, type: vad, min_silence_ms: {silence}, speech_pad_ms: 160}}
   - {{name: asr, type: asr, model: {model}, language: en, cpu_threads: {threads}, final_beam_size: {beam},
-      final_full_context: {full}}}
+      final_full_context: {full}, encoder: {encoder}}}
 output: [asr]
 """
 
@@ -66,8 +66,11 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
         return pcm.astype(np.float32) / 32768, w.getframerate()
 
 
+FINAL_CONTEXT = {"auto": "null", "full": "true", "short": "false"}
+
+
 async def run(files: int, model: str, threads: int, silence_ms: int, peer: bool, final_beam: int = 5,
-              final_full_context: bool = False) -> dict:
+              final_context: str = "auto", encoder: str = "auto") -> dict:
     from streamkit.audio import resample_array
     from streamkit.bench._speech import log, percentile
     from streamkit.client import StreamClient
@@ -80,7 +83,7 @@ async def run(files: int, model: str, threads: int, silence_ms: int, peer: bool,
     refs, hyps, latencies, audio_s = [], [], [], 0.0
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = PIPELINE.format(silence=silence_ms, model=model, threads=threads, beam=final_beam,
-                                   full=str(final_full_context).lower())
+                                   full=FINAL_CONTEXT[final_context], encoder=encoder)
         Path(tmp, "real.yaml").write_text(pipeline)  # noqa: ASYNC240 (before the server starts)
         async with running_server(tmp) as server:
             for wav, text in items:
@@ -98,7 +101,10 @@ async def run(files: int, model: str, threads: int, silence_ms: int, peer: bool,
                     latencies.append((finals[-1]["t"] - voiced_end) * 1000)
                 if wer(text, result.transcript) > 0:
                     log(f"  {wav.name}\n    ref: {text}\n    hyp: {result.transcript}")
+    torch_encoder = whisper.get_encoder(None if model == "tiny.en" else model, encoder) is not None
     out = {
+        "real_encoder": "torch-bf16" if torch_encoder else "ctranslate2",
+        "real_final_context": final_context if final_context != "auto" else ("full" if torch_encoder else "short"),
         "real_files": len(items), "real_audio_s": round(audio_s, 1),
         "real_wer": round(wer(" ".join(refs), " ".join(hyps)), 4),
         "real_final_latency_ms_p50": round(percentile(latencies, 50), 1),
@@ -118,5 +124,5 @@ async def run(files: int, model: str, threads: int, silence_ms: int, peer: bool,
 
 
 def main_real(files: int, model: str, threads: int, silence_ms: int, peer: bool, final_beam: int = 5,
-              final_full_context: bool = False) -> dict:
-    return asyncio.run(run(files, model, threads, silence_ms, peer, final_beam, final_full_context))
+              final_context: str = "auto", encoder: str = "auto") -> dict:
+    return asyncio.run(run(files, model, threads, silence_ms, peer, final_beam, final_context, encoder))

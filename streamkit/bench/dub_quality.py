@@ -69,7 +69,7 @@ def intelligibility(utterance_audio: list[np.ndarray], spoken: list[str], rate: 
         return {"dubbed_cer": None, "dubbed_heard": []}
     heard = [hear(audio) for audio, _ in pairs]
     whole = hear(np.concatenate([audio for audio, _ in pairs]))
-    return {"dubbed_cer": round(cer(" ".join(text for _, text in pairs), whole), 4), "dubbed_heard": heard}
+    return {"dubbed_cer": round(cer(" ".join(text for _, text in pairs), whole, language), 4), "dubbed_heard": heard}
 
 
 def spanish_prompts(count: int, gap_s: float, min_words: int = 4):

@@ -116,7 +116,7 @@ async def _run(args: argparse.Namespace) -> int:
         from streamkit.speech.cer import cer
 
         heard = [" ".join(f.text for _, f in items) for items in per]
-        result["asr_cer"] = round(cer(" ".join(texts), " ".join(heard)), 4)
+        result["asr_cer"] = round(cer(" ".join(texts), " ".join(heard), "es"), 4)
     for t, tr, heard in zip(texts, translations, quality["dubbed_heard"]):
         log(f"  {t}\n   -> {tr}\n   heard: {heard}")
     log(f"bench dubbing: first audio p50 {result['first_audio_ms_p50']} ms, p95 {result['first_audio_ms_p95']} ms "

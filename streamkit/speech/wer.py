@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-_NUMBERS = {
+NUMBERS = {  # English number words as Whisper's normaliser writes them
     "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
     "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
 }
@@ -19,7 +19,7 @@ def normalize(text: str) -> list[str]:
         text = re.sub(rf"\b{re.escape(k)}\b", v, text)
     text = re.sub(r"(\d),(\d)", r"\1\2", text)
     text = re.sub(r"[^a-z0-9' ]+", " ", text).replace("'", "")
-    return [_NUMBERS.get(w, w) for w in text.split()]
+    return [NUMBERS.get(w, w) for w in text.split()]
 
 
 def edit_distance(ref: list[str], hyp: list[str]) -> int:

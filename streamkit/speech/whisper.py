@@ -7,6 +7,12 @@ for a few seconds of speech (whisper.cpp's `audio_ctx` does the same), decodes g
 beam) without timestamp tokens, and gets word timings from the cross-attention alignment
 (`model.align`, as faster-whisper's word_timestamps does). `full_context=True` keeps the 30 s
 padding for callers that want exactly faster-whisper's behaviour.
+
+Where the CPU multiplies bf16 natively, full 30 s windows can be encoded in torch instead
+(streamkit.speech.whisper_encoder: tiny.en's in ~60 ms instead of ~200 ms on 2 cores), which is
+what makes a final decoded in Whisper's full context affordable. Shortened windows stay on
+CTranslate2: they are cheap there, and the two libraries' OpenMP pools spin against each other
+when they alternate quickly.
 """
 
 from __future__ import annotations
@@ -65,6 +71,32 @@ def load_whisper(model: str | None = None, cpu_threads: int = 0, compute_type: s
                         cpu_threads=decode_threads(cpu_threads), num_workers=1)
 
 
+ENCODERS = ("auto", "ctranslate2", "torch-bf16")
+
+
+def get_encoder(model: str | None = None, choice: str = "auto") -> Any:
+    """The torch encoder to run full 30 s windows instead of CTranslate2's, shared per model, or
+    None for CTranslate2's own. "auto": the torch one where the CPU has native bf16 (AMX or AVX512_BF16)
+    and $STREAMKIT_WHISPER_ENCODER is not "ctranslate2"."""
+    import os
+
+    from streamkit.resources import shared
+    from streamkit.speech.whisper_encoder import TorchEncoder, bf16_native
+
+    if choice not in ENCODERS:
+        raise ValueError(f"whisper encoder {choice!r}: expected one of {ENCODERS}")
+    if choice == "auto":
+        choice = os.environ.get("STREAMKIT_WHISPER_ENCODER", "auto")
+        if choice not in ENCODERS:
+            raise ValueError(f"STREAMKIT_WHISPER_ENCODER={choice!r}: expected one of {ENCODERS}")
+        if choice == "auto":
+            choice = "torch-bf16" if bf16_native() else "ctranslate2"
+    if choice == "ctranslate2":
+        return None
+    path = resolve_model_path(model)
+    return shared(("whisper-encoder", path), lambda: TorchEncoder(path, "bfloat16"))
+
+
 def get_whisper(model: str | None = None, cpu_threads: int = 0, compute_type: str = "int8") -> Any:
     from streamkit.resources import shared
 
@@ -93,10 +125,13 @@ class WindowDecoder:
     decode at a time per model (CTranslate2 would queue them anyway)."""
 
     def __init__(self, model: Any, language: str = "en", beam_size: int = 1,
-                 full_context: bool = False, pad_s: float = 1.0) -> None:
+                 full_context: bool = False, pad_s: float = 1.0, full_context_encoder: Any = None,
+                 threads: int = 0) -> None:
         from faster_whisper.tokenizer import Tokenizer
 
         self.model = model
+        self.full_context_encoder = full_context_encoder  # a TorchEncoder (get_encoder), or None
+        self.threads = threads
         self.beam_size = beam_size
         self.full_context = full_context
         self.pad_frames = int(pad_s * FRAMES_PER_SECOND)
@@ -107,6 +142,8 @@ class WindowDecoder:
         from faster_whisper.transcribe import get_suppressed_tokens
 
         self.suppress = get_suppressed_tokens(self.tokenizer, [-1])
+        # the log-mel of digital silence (Whisper's zero padding): one value, whatever the length
+        self.silence = float(model.feature_extractor(np.zeros(1600, np.float32), padding=0).min())
 
     def decode(self, audio: np.ndarray, prompt: str = "", max_new_tokens: int = 160,
                beam_size: int | None = None, full_context: bool | None = None) -> Decoded:
@@ -125,8 +162,7 @@ class WindowDecoder:
             n = min(MAX_FRAMES, int(np.ceil((content + self.pad_frames) / 100.0)) * 100)
         x = np.zeros((feats.shape[0], n), np.float32)
         x[:, :content] = feats[:, :content]
-        if content < n:  # the log-mel of digital silence, as Whisper's zero padding gives
-            x[:, content:] = fe(np.zeros(160 * (n - content), np.float32), padding=0)[:, : n - content].min()
+        x[:, content:] = self.silence
         tok = self.tokenizer
         prompt_tokens: list[int] = []
         if prompt.strip():
@@ -136,7 +172,11 @@ class WindowDecoder:
         budget = min(max_new_tokens, int(duration * 8) + 12)
         with self._lock:
             t0 = time.perf_counter()
-            enc = self.model.model.encode(ctranslate2.StorageView.from_array(x[None]), to_cpu=False)
+            if self.full_context_encoder is not None and n == MAX_FRAMES:
+                encoded = self.full_context_encoder(x[None], self.threads)  # kept alive: the view does not copy it
+                enc = ctranslate2.StorageView.from_array(encoded)
+            else:
+                enc = self.model.model.encode(ctranslate2.StorageView.from_array(x[None]), to_cpu=False)
             res = self.model.model.generate(
                 enc, [sot], beam_size=beam_size or self.beam_size, max_length=len(sot) + budget,
                 return_scores=True, return_no_speech_prob=True, suppress_blank=True,
@@ -183,18 +223,16 @@ class WindowDecoder:
         return self._cut_loop(kept)
 
     def _cut_loop(self, tokens: list[int], n: int = 4) -> list[int]:
-        """Cut a hypothesis where it starts repeating itself (an n-gram of words seen before)."""
+        """Cut a hypothesis where it starts looping: a run of words said again right after itself
+        until the repeats cover 2n words (4 words twice, 2 words four times, one word eight times);
+        the first saying is kept. A phrase that comes back later ("7 or 9 to decrease or increase
+        your volume" after "4 or 6 to decrease or increase the conference volume") is speech."""
         if not tokens:
             return tokens
         words, word_tokens = self.tokenizer.split_to_word_tokens(tokens)
         keys = [w.strip().lower().strip(".,!?;:\"'") for w in words]
-        seen: set[tuple[str, ...]] = set()
-        for i in range(len(keys) - n + 1):
-            gram = tuple(keys[i:i + n])
-            if gram in seen:
-                return [t for wt in word_tokens[:i] for t in wt]
-            seen.add(gram)
-        return tokens
+        cut = _loop_start(keys, 2 * n)
+        return tokens if cut is None else [t for wt in word_tokens[:cut] for t in wt]
 
     def _align(self, enc: Any, tokens: list[int], num_frames: int) -> list[DecodedWord]:
         from faster_whisper.transcribe import merge_punctuations
@@ -221,3 +259,17 @@ class WindowDecoder:
         limit = num_frames / FRAMES_PER_SECOND
         return [DecodedWord(a["word"], min(a["start"], limit), min(a["end"], limit), a["probability"])
                 for a in alignment if a["word"]]
+
+
+def _loop_start(keys: list[str], span: int) -> int | None:
+    """The index where `keys` first repeats a run of words right after itself until the copies
+    cover `span` words, cut after the run's first saying; None if it never does."""
+    for i in range(len(keys)):
+        for size in range(1, (len(keys) - i) // 2 + 1):
+            run = keys[i:i + size]
+            copies = 1
+            while keys[i + copies * size:i + (copies + 1) * size] == run:
+                copies += 1
+            if copies >= 2 and copies * size >= span:
+                return i + size
+    return None

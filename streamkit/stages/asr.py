@@ -97,12 +97,19 @@ class ASR(Stage):
         max_window_s: float = Field(default=15.0, ge=4.0, le=28.0)
         speculative: bool = True
         prompt: str | None = None
+        # the session's last final transcripts (up to 40 words) prompt the next utterance's decodes,
+        # as faster-whisper's condition_on_previous_text does within a file: an utterance that starts
+        # mid-sentence ("2 to lock or unlock...") is heard in its context. Asterisk prompts: WER 0.028 -> 0.023
+        condition_on_previous: bool = True
         full_context: bool = False  # pad every window to 30 s as faster-whisper does (slower)
         # the final's decode padded to 30 s, as Whisper was trained: in a shortened context it mishears
-        # short telephone utterances ("All but a pound key"). On the Asterisk prompts it takes streaming
-        # WER from 0.046 to 0.028 (the offline peer: 0.018) but the 30 s encoder pass no longer fits in
-        # the VAD's silence wait: final latency p50 0.35 s -> 0.98 s on 2 shared cores (docs/speech.md)
-        final_full_context: bool = False
+        # short telephone utterances ("All but a pound key"); on the Asterisk prompts streaming WER
+        # 0.042 -> 0.028 (docs/speech.md). None: on where the encoder is the torch bf16 one, which
+        # encodes 30 s in ~60 ms; CTranslate2's takes ~200 ms, too slow for a final on 2 cores.
+        final_full_context: bool | None = None
+        # the encoder of full-context windows; "auto": torch bf16 where the CPU has AMX or
+        # AVX512_BF16 (streamkit.speech.whisper_encoder), else CTranslate2's
+        encoder: Literal["auto", "ctranslate2", "torch-bf16"] = "auto"
 
     stateful = True
     emits_transcripts = True
@@ -112,7 +119,13 @@ class ASR(Stage):
 
     async def start(self) -> None:
         from streamkit.resources import shared_async
-        from streamkit.speech.whisper import WindowDecoder, decode_threads, load_whisper, resolve_model_path
+        from streamkit.speech.whisper import (
+            WindowDecoder,
+            decode_threads,
+            get_encoder,
+            load_whisper,
+            resolve_model_path,
+        )
 
         c = self.config
         path = resolve_model_path(c.model)
@@ -124,11 +137,14 @@ class ASR(Stage):
         if not model.model.is_multilingual and self.language != "en":
             raise ValueError(f"ASR model {c.model or 'tiny.en'!r} is English-only and cannot transcribe "
                              f"{self.language!r}; use model: base (multilingual Whisper)")
+        encoder = await asyncio.to_thread(get_encoder, path, c.encoder)  # shared per model
+        self.final_full_context = encoder is not None if c.final_full_context is None else c.final_full_context
         self.decoder = WindowDecoder(model, language=self.language, beam_size=c.beam_size,
-                                     full_context=c.full_context)
+                                     full_context=c.full_context, full_context_encoder=encoder, threads=self.threads)
         self.resampler = StreamResampler(RATE)
         self.utt: _Utterance | None = None
         self.count = 0
+        self.previous = ""  # the last finals' text (condition_on_previous)
         self.trims = 0  # window cuts made (long utterances)
         self._partial: asyncio.Task | None = None
         self._partial_meta: tuple[int, float, int] | None = None
@@ -141,6 +157,8 @@ class ASR(Stage):
 
         before = [w for w in utt.hyp.committed if w.end <= (utt.offset or 0.0) + 0.05]
         text = join_words(before[-40:])
+        if len(before) < 40 and self.previous:
+            text = " ".join([*self.previous.split()[-(40 - len(before)):], text]).strip()
         if self.config.prompt:
             text = f"{self.config.prompt} {text}".strip()
         return text
@@ -151,7 +169,7 @@ class ASR(Stage):
         utt.decoded_at = utt.length
         c = self.config
         beam = c.final_beam_size if final else c.beam_size
-        full = c.full_context or (final and c.final_full_context)
+        full = c.full_context or (final and self.final_full_context)
         task = asyncio.ensure_future(asyncio.to_thread(self._decode, audio, prompt, beam, full, final))
         return task, (utt.index, utt.offset or 0.0)
 
@@ -243,6 +261,8 @@ class ASR(Stage):
                 utt.hyp.committed = self._timed(decoded, offset)
         words = utt.hyp.committed
         text = join_words(words)
+        if text and self.config.condition_on_previous:
+            self.previous = " ".join(f"{self.previous} {text}".split()[-40:])
         self.checkpoint()
         if not text:
             return []
@@ -258,10 +278,11 @@ class ASR(Stage):
         # next utterance just begun by the same speech_start
         utt = self.utt
         opened = [utt.index, utt.start] if utt is not None and not utt.length else None
-        return {"count": self.count, "open": opened}
+        return {"count": self.count, "open": opened, "previous": self.previous}
 
     def restore(self, snapshot: dict) -> None:
         self.count = int(snapshot["count"])
+        self.previous = str(snapshot.get("previous", ""))
         if snapshot.get("open") is not None:
             index, start = snapshot["open"]
             self.utt = _Utterance(int(index))

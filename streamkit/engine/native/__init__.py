@@ -30,7 +30,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from streamkit import cache
+from streamkit import cache, cores
 
 log = logging.getLogger("streamkit.engine")
 
@@ -56,27 +56,17 @@ _errors: dict[str, str] = {}
 _default: list[str | None] = []  # [the default path] once chosen
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def missing(isa: str) -> list[str]:
     """The CPU flags this machine lacks for `isa` (empty: it can run it)."""
     if isa not in ISAS:
         raise ValueError(f"unknown native instruction-set path {isa!r}; expected one of {ISAS}")
-    return sorted(REQUIRES[isa] - _cpu_flags())
+    return sorted(REQUIRES[isa] - cores.cpu_flags())
 
 
 def isa_flags(isa: str, cpu: set[str] | None = None) -> list[str]:
     """The -m flags `isa` is compiled with on a CPU with flags `cpu` (avx512 uses bf16 dot
     products where the CPU has them)."""
-    cpu = _cpu_flags() if cpu is None else cpu
+    cpu = set(cores.cpu_flags()) if cpu is None else cpu
     if isa == "avx2":
         return list(_AVX2)
     flags = list(_AVX512)
