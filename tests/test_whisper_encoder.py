@@ -128,3 +128,23 @@ def test_model_bin_reader_rejects_what_it_cannot_read(tmp_path):
     path.write_bytes(bytes(bf16))
     with pytest.raises(ValueError, match="data type id 5"):
         read_variables(path)
+
+
+async def test_asr_stage_decodes_finals_in_full_context_where_the_torch_encoder_runs():
+    from streamkit.speech.whisper_encoder import TorchEncoder, bf16_native
+    from streamkit.stage import StageContext
+    from streamkit.stages.asr import ASR
+
+    async def started(**options):
+        stage = ASR(ASR.Config(name="asr", model="tiny.en", **options), StageContext("t", "s"))
+        await stage.start()
+        return stage
+
+    auto = await started()
+    assert auto.final_full_context == bf16_native() == isinstance(auto.decoder.full_context_encoder, TorchEncoder)
+    plain = await started(encoder="ctranslate2")
+    assert plain.final_full_context is False and plain.decoder.full_context_encoder is None
+    forced = await started(encoder="ctranslate2", final_full_context=True)
+    assert forced.final_full_context is True and forced.decoder.full_context_encoder is None
+    short = await started(encoder="torch-bf16", final_full_context=False)
+    assert short.final_full_context is False and short.decoder.full_context_encoder is None

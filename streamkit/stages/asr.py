@@ -137,7 +137,9 @@ class ASR(Stage):
         if not model.model.is_multilingual and self.language != "en":
             raise ValueError(f"ASR model {c.model or 'tiny.en'!r} is English-only and cannot transcribe "
                              f"{self.language!r}; use model: base (multilingual Whisper)")
-        encoder = await asyncio.to_thread(get_encoder, path, c.encoder)  # shared per model
+        encoder = None  # nothing to load where no window is ever encoded in the full context
+        if c.full_context or c.final_full_context is not False:
+            encoder = await asyncio.to_thread(get_encoder, path, c.encoder)  # shared per model
         self.final_full_context = encoder is not None if c.final_full_context is None else c.final_full_context
         self.decoder = WindowDecoder(model, language=self.language, beam_size=c.beam_size,
                                      full_context=c.full_context, full_context_encoder=encoder, threads=self.threads)
