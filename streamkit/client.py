@@ -74,6 +74,15 @@ class Result:
         return int(((self.ready or {}).get("output_audio") or {}).get("sample_rate", 24000))
 
 
+class StartRefused(RuntimeError):
+    """The server answered start with an error (`event`, e.g. code too_many_sessions) or closed."""
+
+    def __init__(self, pipeline: str, event: dict[str, Any] | None, close_code: int | None) -> None:
+        self.pipeline, self.event, self.close_code = pipeline, event, close_code
+        self.code = str(event.get("code")) if event else None
+        super().__init__(f"server did not start {pipeline!r}: {event if event else f'no ready (closed {close_code})'}")
+
+
 class StreamClient:
     def __init__(self, url: str = "ws://127.0.0.1:8765/ws", token: str | None = None,
                  origin: str | None = None, max_size: int | None = 16 << 20, **connect_kwargs: Any) -> None:
@@ -130,8 +139,7 @@ class StreamClient:
         waiter.cancel()
         if self.result.ready is None:
             errors = self.result.errors
-            raise RuntimeError(f"server did not start {pipeline!r}: "
-                               f"{errors[-1] if errors else 'no ready (closed ' + str(self.result.close_code) + ')'}")
+            raise StartRefused(pipeline, errors[-1] if errors else None, self.result.close_code)
         return self.result.ready
 
     def _mark_sent(self) -> None:

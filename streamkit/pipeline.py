@@ -57,6 +57,9 @@ class _PipelineHeader(BaseModel):
     output_audio: OutputAudioSpec = Field(default_factory=OutputAudioSpec)
     stages: list[dict[str, Any]] = Field(min_length=1)
     output: list[str] = Field(default_factory=list)
+    # sessions of this pipeline an in-process server runs at once, per CPU core (at least one);
+    # more are refused. None: no limit of its own (the server's --max-sessions still holds)
+    sessions_per_core: float | None = Field(default=None, gt=0, le=64)
 
 
 @dataclass
@@ -88,6 +91,7 @@ class PipelineSpec:
     stages: list[StageConfig]
     output: list[str]
     inputs_of: dict[str, list[str]] = field(default_factory=dict)  # stage -> upstream names
+    sessions_per_core: float | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # the validated YAML mapping, for workers
 
     def stage(self, name: str) -> StageConfig:
@@ -204,6 +208,7 @@ def parse_pipeline(text: str, source: str = "") -> PipelineSpec:
         stages=configs,
         output=header.output or [configs[-1].name],
         inputs_of=inputs_of,
+        sessions_per_core=header.sessions_per_core,
         raw=doc.data,
     )
 

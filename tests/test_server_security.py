@@ -8,7 +8,7 @@ import json
 import pytest
 import websockets
 
-from streamkit.client import StreamClient
+from streamkit.client import StartRefused, StreamClient
 from streamkit.server.limits import Limits, Security, is_loopback
 from streamkit.server.serve_cli import build_parser, server_from_args
 from streamkit.server.testing import running_server, tone, write_pipelines
@@ -102,6 +102,36 @@ async def test_session_limit(pipelines):
             assert (await c.stream_audio(tone(0.1), speed=0)).ended
         assert (await b.stream_audio(tone(0.1), speed=0)).ended
         await b.close()
+
+
+async def test_pipeline_session_limit_per_core(pipelines):
+    """A pipeline's `sessions_per_core` caps its own sessions on an in-process server (one here:
+    0.01 x the cores, at least one); other pipelines still start, and a slot frees at stop."""
+    echo = (pipelines / "echo.yaml").read_text()
+    (pipelines / "heavy.yaml").write_text(echo.replace("name: echo", "name: heavy", 1) + "sessions_per_core: 0.01\n")
+    async with running_server(pipelines, limits=Limits(metrics_interval=0)) as server:
+        async with StreamClient(server.url) as first:
+            await first.start("heavy")
+            async with websockets.connect(server.url) as ws:
+                await ws.send('{"type":"start","pipeline":"heavy"}')
+                event = json.loads(await ws.recv())
+                assert event["type"] == "error" and event["code"] == "too_many_sessions", event
+                assert "'heavy' runs at most 1 sessions" in event["message"], event
+            async with StreamClient(server.url) as refused:  # the client's typed error
+                with pytest.raises(StartRefused) as exc:
+                    await refused.start("heavy")
+                assert exc.value.code == "too_many_sessions" and exc.value.pipeline == "heavy"
+            async with StreamClient(server.url) as other:  # another pipeline is not limited by it
+                await other.start("echo")
+                assert (await other.stream_audio(tone(0.1), speed=0)).ended
+            assert (await first.stream_audio(tone(0.1), speed=0)).ended
+        for _ in range(100):
+            if server.pipeline_session_count("heavy") == 0:
+                break
+            await asyncio.sleep(0.02)
+        async with StreamClient(server.url) as again:  # its slot is free again
+            await again.start("heavy")
+            assert (await again.stream_audio(tone(0.1), speed=0)).ended
 
 
 async def test_message_rate_limit(pipelines):

@@ -145,12 +145,17 @@ def _lost(result, sent_msgs: int) -> int:
 
 async def one_session(url: str, pipeline: str, audio: np.ndarray, speed: float, token: str | None,
                       leave_early_s: float | None = None) -> dict[str, Any]:
-    from streamkit.client import StreamClient
+    from streamkit.client import StartRefused, StreamClient
 
     c = StreamClient(url, token=token)
     await c.connect()
     try:
-        await c.start(pipeline)
+        try:
+            await c.start(pipeline)
+        except StartRefused as exc:
+            if exc.code != "too_many_sessions":
+                raise
+            return {"refused": True}  # the pipeline's session limit: nothing was sent
         if leave_early_s is not None:  # soak: hang up mid-stream without stop
             chunk = 1600
             t0 = time.monotonic()
@@ -190,7 +195,8 @@ async def bench(args, url: str, watch: ProcWatch, audio: np.ndarray) -> dict[str
     stop.set()
     await sampler
     failures = [repr(s) for s in sessions if isinstance(s, BaseException)]
-    ok = [s for s in sessions if not isinstance(s, BaseException)]
+    refused = sum(1 for s in sessions if isinstance(s, dict) and s.get("refused"))
+    ok = [s for s in sessions if isinstance(s, dict) and not s.get("refused")]
     first_audio = [s["first_audio_s"] for s in ok]
     first_output = [s["first_output_s"] for s in ok]
     peak = max(watch.rss_samples) if watch.rss_samples else None
@@ -204,10 +210,11 @@ async def bench(args, url: str, watch: ProcWatch, audio: np.ndarray) -> dict[str
         "frames_lost": sum(s["lost"] for s in ok) + len(failures),
         "errors": sum(s["errors"] for s in ok) + len(failures),
         "sessions_ended": sum(bool(s["ended"]) for s in ok),
-        "cpu_percent_per_session": round(100 * cpu / wall / n, 1) if watch.p else None,
+        "sessions_refused": refused,  # by the pipeline's sessions_per_core, before any audio was sent
+        "cpu_percent_per_session": round(100 * cpu / wall / max(1, len(ok)), 1) if watch.p else None,
         "server_cpu_s": round(cpu, 2) if watch.p else None,
         "rss_mb_before": rss_before, "rss_mb_peak": round(peak, 1) if peak else None,
-        "mem_mb_per_session": round((peak - rss_before) / n, 2) if peak and rss_before else None,
+        "mem_mb_per_session": round((peak - rss_before) / max(1, len(ok)), 2) if peak and rss_before else None,
         "error_codes": sorted({c for s in ok for c in s.get("error_codes", [])}),
         "error_examples": sorted({m for s in ok for m in s.get("error_examples", [])})[:3],
         "failures": failures[:5],
@@ -218,7 +225,7 @@ async def bench(args, url: str, watch: ProcWatch, audio: np.ndarray) -> dict[str
 async def soak(args, url: str, watch: ProcWatch, audio: np.ndarray) -> dict[str, Any]:
     rng = random.Random(args.seed)
     deadline = time.monotonic() + args.soak
-    totals = {"sessions": 0, "left_early": 0, "errors": 0, "lost": 0, "not_ended": 0, "failures": []}
+    totals = {"sessions": 0, "left_early": 0, "errors": 0, "lost": 0, "not_ended": 0, "refused": 0, "failures": []}
     clip_s = len(audio) / 16000
     # warm-up session first so "start" memory is the steady state, not the first model touch
     await one_session(url, args.pipeline, audio[: int(16000 * min(clip_s, 2.0))], 0, args.token)
@@ -238,6 +245,9 @@ async def soak(args, url: str, watch: ProcWatch, audio: np.ndarray) -> dict[str,
             except Exception as exc:
                 totals["failures"].append(repr(exc))
                 continue
+            if s.get("refused"):
+                totals["refused"] += 1
+                continue
             totals["sessions"] += 1
             totals["left_early"] += int(s["left_early"])
             totals["errors"] += s["errors"]
@@ -254,7 +264,7 @@ async def soak(args, url: str, watch: ProcWatch, audio: np.ndarray) -> dict[str,
     growth = (rss_end - rss_start) if (rss_end is not None and rss_start is not None) else None
     return {
         "bench": "serve-soak", "pipeline": args.pipeline, "soak_s": args.soak, "concurrency": args.sessions,
-        "sessions": totals["sessions"], "left_early": totals["left_early"],
+        "sessions": totals["sessions"], "left_early": totals["left_early"], "sessions_refused": totals["refused"],
         "errors": totals["errors"] + len(totals["failures"]) + totals["not_ended"],
         "frames_lost": totals["lost"], "rss_mb_start": rss_start, "rss_mb_end": rss_end,
         "rss_mb_peak": round(max(watch.rss_samples), 1) if watch.rss_samples else None,

@@ -21,7 +21,8 @@ from typing import Any
 import websockets
 from websockets.asyncio.server import ServerConnection
 
-from streamkit import resources
+from streamkit import cores, resources
+from streamkit.pipeline import PipelineSpec
 from streamkit.server import routes, telemetry
 from streamkit.server.connection import Connection
 from streamkit.server.limits import Limits, Security, is_loopback
@@ -80,6 +81,18 @@ class StreamServer:
 
     def connection_count(self) -> int:
         return len(self.connections)
+
+    def pipeline_session_limit(self, spec: PipelineSpec) -> int | None:
+        """How many sessions of `spec` this server runs at once: its `sessions_per_core` times the
+        cores, in-process only (with --redis the workers' cores do the work)."""
+        if spec.sessions_per_core is None or self.redis_url:
+            return None
+        return max(1, int(spec.sessions_per_core * cores.count()))
+
+    def pipeline_session_count(self, name: str) -> int:
+        """Sessions of pipeline `name` starting, running or flushing."""
+        return sum(1 for c in self.connections
+                   if c.spec is not None and c.spec.name == name and c.state in ("starting", "running", "stopping"))
 
     def session_opened(self, conn: Connection) -> None:
         self.sessions.add(conn)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from streamkit import cores
 from streamkit.pipeline import PipelineSpec
 from streamkit.runtime import Session
 from streamkit.server import protocol
@@ -51,6 +52,8 @@ class SessionHost(Protocol):
     def transport(self) -> Transport: ...
     def pipeline_names(self) -> list[str]: ...
     def session_count(self) -> int: ...
+    def pipeline_session_limit(self, spec: PipelineSpec) -> int | None: ...
+    def pipeline_session_count(self, name: str) -> int: ...
     def session_opened(self, conn: "Connection") -> None: ...
     def session_closed(self, conn: "Connection") -> None: ...
 
@@ -215,9 +218,15 @@ class Connection:
             raise protocol.ProtocolError(
                 "too_many_sessions", f"the server is at its limit of {self.limits.max_sessions} sessions",
                 close=protocol.CLOSE_POLICY)
+        limit = self.server.pipeline_session_limit(spec)
+        if limit is not None and self.server.pipeline_session_count(spec.name) >= limit:
+            raise protocol.ProtocolError(
+                "too_many_sessions", f"pipeline {spec.name!r} runs at most {limit} sessions at once on this server's "
+                f"{cores.count()} cores (its sessions_per_core: {spec.sessions_per_core:g}); try again later",
+                close=protocol.CLOSE_POLICY)
         self.state = "starting"
+        self.spec = spec
         try:
-            self.spec = spec
             self.serializer = FrameSerializer(spec.output_audio.sample_rate)
             # websocket input is live: stages that drop by policy (video capture) use latest-frame-wins
             self.session = await Session.open(spec, self.server.transport(), params={"live": True, **msg.params})
