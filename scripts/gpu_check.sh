@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU check for the decode engine (target: < 8 minutes on one H200).
 #   1. Triton paged attention vs torch reference; CUDA-graph greedy == eager greedy.
-#   2. The engine benchmark on CUDA, JSON on the last line.
+#   2. Where a decode step's time goes: graph replay vs eager vs the engine's whole step, per batch.
+#   3. The engine benchmark on CUDA, JSON on the last line.
 # Usage: scripts/gpu_check.sh            (from the repo root, venv active or .venv present)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,8 +13,10 @@ echo "== nvidia-smi"; nvidia-smi --query-gpu=name,memory.total,memory.used --for
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
 echo "== self-test (graphs vs eager, triton kernel)"
 timeout 240 $PY -m streamkit.engine.gpu_selftest; st=$?
+echo "== step profile (replay, eager, engine step per batch size)"
+timeout 150 $PY -m streamkit.engine.gpu_profile; pt=$?
 echo "== bench (cuda)"
 timeout 300 $PY -m streamkit.bench.engine --device cuda --json --tokens 128 \
     --concurrency 1,16,64,256,512 --greedy-prompts 20; bt=$?
-echo "== selftest rc=$st bench rc=$bt"
-exit $(( st != 0 || bt != 0 ))
+echo "== selftest rc=$st profile rc=$pt bench rc=$bt"
+exit $(( st != 0 || pt != 0 || bt != 0 ))
