@@ -31,16 +31,29 @@ _changes = 0  # holds begun or ended so far: a step that saw it change ran conte
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where it cannot be read)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return frozenset()
+    return fields
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
+    return frozenset(_cpuinfo().get("flags", "").split())
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id: "GenuineIntel", "AuthenticAMD", or "" where unknown."""
+    return _cpuinfo().get("vendor_id", "")
 
 
 def count() -> int:

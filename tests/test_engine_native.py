@@ -263,6 +263,29 @@ def test_paths_agree_on_bf16_products(raw_model):
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * a.abs().max())
 
 
+@pytest.mark.parametrize("vendor, flags, fast", [
+    ("AuthenticAMD", {"avx512_vnni", "avx512_bf16"}, True),  # Zen 4/5
+    ("AuthenticAMD", {"avx512_vnni"}, False),
+    ("GenuineIntel", {"avx512_vnni", "avx512_bf16"}, False),
+])
+def test_vdpbf16ps_threshold_by_cpu(monkeypatch, vendor, flags, fast):
+    monkeypatch.setattr(native.cores, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(native.cores, "cpu_flags", lambda: frozenset(flags))
+    assert native.fast_dpbf16() is fast
+
+
+@pytest.mark.parametrize("env, terms", [("", 2), ("2", 2), ("1", 1), ("0", 0)])
+def test_int8_terms_setting(monkeypatch, env, terms):
+    monkeypatch.setenv("STREAMKIT_NATIVE_INT8", env)
+    assert native.int8_terms() == terms
+
+
+def test_bad_int8_setting_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("STREAMKIT_NATIVE_INT8", "yes")
+    with pytest.raises(ValueError, match="STREAMKIT_NATIVE_INT8='yes'"):
+        native.int8_terms()
+
+
 def test_forcing_a_path_the_cpu_lacks_is_an_error(monkeypatch):
     monkeypatch.setenv("STREAMKIT_NATIVE_ISA", "sse2")
     with pytest.raises(ValueError, match="one of amx, avx512, avx2"):
@@ -340,8 +363,9 @@ def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, batch
     ids, (ref_logits, _) = reference_run
     model = NativeLlamaModel(raw_model, "native", isa=isa)
     caps = native.caps(isa)
-    assert model.bf16_min_rows == (0 if not caps & native.CAP_BF16 else 6 if caps & native.CAP_AMX else 12)
-    if os.environ.get("STREAMKIT_NATIVE_INT8", "2") == "2":
+    fast = native.fast_dpbf16()
+    assert model.bf16_min_rows == (0 if not caps & native.CAP_BF16 else 6 if caps & native.CAP_AMX else 8 if fast else 12)
+    if native.int8_terms() == 2:
         assert model.int8_min_rows == (8 if caps & native.CAP_INT8 else 0)
         assert model.int8_mask == 127  # two-term activations (one term fails the greedy gate); 1-2 row int8
     if batched == "bf16":

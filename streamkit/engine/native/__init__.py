@@ -221,6 +221,25 @@ def amx() -> bool:
     return bool(caps() & CAP_AMX)
 
 
+def fast_dpbf16() -> bool:
+    """Whether one vdpbf16ps (32 multiply-adds) costs about one FMA, as on AMD Zen 4/5: there it
+    beats the fp32 strips from 8 rows (Zen 5, 1 thread, 8 rows, gate+up: 152 vs 412 us) and the
+    two-term int8 kernel too (16 rows: 158 vs 219 us). On Intel it costs 3.3 FMAs."""
+    return cores.cpu_vendor() == "AuthenticAMD" and "avx512_bf16" in cores.cpu_flags()
+
+
+def int8_terms() -> int:
+    """Activation terms of the avx512 path's batched int8 kernel, 0 where it is not used:
+    STREAMKIT_NATIVE_INT8 (2, 1 or 0), default 2. Two terms keep greedy output equal to fp32's (20
+    of 20 bench prompts on Zen 5 and on Intel); one term, llama.cpp's scheme, does not, and neither
+    quite does vdpbf16ps, 15-20 % faster on Zen 5 at 16 streams but 17 of 20 (docs/engine.md)."""
+    env = os.environ.get("STREAMKIT_NATIVE_INT8", "")
+    if env and env not in ("0", "1", "2"):
+        raise ValueError(f"STREAMKIT_NATIVE_INT8={env!r}: expected 2 (two-term activations), 1 (one term) "
+                         "or 0 (no int8 kernel: vdpbf16ps or fp32)")
+    return int(env or 2)
+
+
 def describe(isa: str | None = None) -> str:
     """One line naming a path and what its batched steps run on, for logs and the bench."""
     name = isa or resolve_isa()
@@ -231,9 +250,9 @@ def describe(isa: str | None = None) -> str:
     c = _caps[name]
     batched = ("AMX bf16 tiles" if c & CAP_AMX else "vdpbf16ps bf16 dot products" if c & CAP_BF16
                else "fp32 FMAs over strips dequantized once per step")
-    terms = os.environ.get("STREAMKIT_NATIVE_INT8", "2")
-    if c & CAP_INT8 and terms in ("1", "2"):
-        batched = f"int8 VNNI, {'one' if terms == '1' else 'two'}-term activations (else {batched})"
+    terms = int8_terms()
+    if c & CAP_INT8 and terms:
+        batched = f"int8 VNNI, {'one' if terms == 1 else 'two'}-term activations (else {batched})"
     return f"{name} ({'AVX-512' if c & CAP_AVX512 else 'AVX2+FMA, no AVX-512'}; batched steps: {batched})"
 
 

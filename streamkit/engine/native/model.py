@@ -34,14 +34,19 @@ AMX_MIN_ROWS = 6
 # The same for vdpbf16ps (the avx512 path on a CPU with AVX512_BF16 and no AMX): it pads rows to
 # tiles of 16, and on the Xeon measured here one vdpbf16ps (32 multiply-adds) costs as much as 3.3
 # fp32 FMAs (16 each), so it ties the fp32 strips at 16 rows (gate+up matmul, 1 thread: 602 vs 628
-# us) and loses below (8 rows: 616 vs 390 us). Zen 4/5 run vdpbf16ps at FMA speed.
+# us) and loses below (8 rows: 616 vs 390 us).
 DPBF16_MIN_ROWS = 12
+# On AMD Zen (native.fast_dpbf16) vdpbf16ps costs about one FMA: from 8 rows it beats the fp32
+# strips on every matmul of a layer (Zen 5, 1 thread, 8 rows: gate+up 152 vs 412 us; at 6 rows
+# they tie and the fp32 down projection is faster, 73 vs 90 us).
+DPBF16_MIN_ROWS_AMD = 8
 # The int8 path (the avx512 path where the CPU has AVX512_VNNI; sk_int8.h): activations quantized
 # to int8 per block of 32 values. One term (llama.cpp's scheme): 2.7x the fp32 strips at 16 rows
 # here (gate+up, 1 thread: 221 vs 628 us) but it fails the greedy-agreement gate (72 of 91 steps
 # of the test prompts; docs/engine.md). Two terms (the second quantizes what the first left, ~15
 # bits): 2x the fp32 strips (284 vs 581 us) and logits within 0.02 of fp32 (bf16: 0.26), so that is
-# the default; STREAMKIT_NATIVE_INT8=1 picks one term, 0 turns the path off. It pads rows to tiles
+# the default (native.int8_terms); STREAMKIT_NATIVE_INT8=1 picks one term, 0 turns the path off
+# (vdpbf16ps then, where the CPU has it). It pads rows to tiles
 # of 16: the fp32 path is faster below 8 rows (6 rows: 229 vs 274 us).
 INT8_MIN_ROWS = 8
 INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
@@ -75,14 +80,15 @@ class NativeLlamaModel:
         self.kv_dtype = torch.float32 if weights == "native-fp32" else torch.float16
         self.attn_backend = "native"
         caps = native.caps(self.isa)
-        default_rows = AMX_MIN_ROWS if caps & native.CAP_AMX else DPBF16_MIN_ROWS
+        default_rows = (AMX_MIN_ROWS if caps & native.CAP_AMX
+                        else DPBF16_MIN_ROWS_AMD if native.fast_dpbf16() else DPBF16_MIN_ROWS)
         use_bf16 = weights == "native" and bool(caps & native.CAP_BF16)
         self.bf16_min_rows = (bf16_min_rows or default_rows) if use_bf16 else 0
-        terms = os.environ.get("STREAMKIT_NATIVE_INT8", "2")
-        use_int8 = weights == "native" and bool(caps & native.CAP_INT8) and terms in ("1", "2")
+        terms = native.int8_terms()
+        use_int8 = weights == "native" and bool(caps & native.CAP_INT8) and terms > 0
         self.int8_min_rows = (int8_min_rows or INT8_MIN_ROWS) if use_int8 else 0
         use_gemv = weights == "native" and os.environ.get("STREAMKIT_NATIVE_GEMV", "1") != "0"
-        self.int8_mask = INT8_ALL | (INT8_TWO_TERMS if terms != "1" else 0) | (INT8_GEMV if use_gemv else 0)
+        self.int8_mask = INT8_ALL | (INT8_TWO_TERMS if terms != 1 else 0) | (INT8_GEMV if use_gemv else 0)
         B, T = gm.blocks, gm.tensors
         exact = weights == "native-fp32"
 
