@@ -286,6 +286,26 @@ def test_bad_int8_setting_is_a_clear_error(monkeypatch):
         native.int8_terms()
 
 
+def test_a_compiler_without_the_optional_flags_still_builds_the_path(monkeypatch, tmp_path):
+    """GCC 10 knows no -mavxvnni: the avx2 path is built without its int8 kernel, not lost."""
+    gcc = native._compiler()
+    if gcc is None or native.missing("avx2") or "-mavxvnni" not in native.isa_flags("avx2"):
+        pytest.skip("needs a C compiler and a CPU with AVX2 and AVX-VNNI")
+    old_cc = tmp_path / "old-cc"
+    old_cc.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -mavxvnni ] && {{ echo "unknown option $a" >&2; exit 1; }}; '
+                      f'done\nexec {gcc} "$@"\n')
+    old_cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(old_cc))
+    monkeypatch.setenv("STREAMKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_libs", {})
+    monkeypatch.setattr(native, "_caps", {})
+    monkeypatch.setattr(native, "_errors", {})
+    assert native.load("avx2") is not None, native.error("avx2")
+    assert not native.caps("avx2") & native.CAP_INT8  # built without AVX-VNNI: fp32 batched steps
+    built = [p.name for p in (tmp_path / "cache" / "native").iterdir()]
+    assert len(built) == 1 and built[0].startswith("sk_kernels-avx2-"), built  # the failed try left nothing
+
+
 def test_forcing_a_path_the_cpu_lacks_is_an_error(monkeypatch):
     monkeypatch.setenv("STREAMKIT_NATIVE_ISA", "sse2")
     with pytest.raises(ValueError, match="one of amx, avx512, avx2"):

@@ -7,7 +7,8 @@ tunes), at run time (like Triton or torch's cpp extensions), not at install time
   avx512  AVX-512 without AMX: batched steps use vdpbf16ps where the CPU has AVX512_BF16 (AMD Zen
           4/5, Cooper Lake), else fp32 FMAs over strips dequantized once per step;
   avx2    AVX2 + FMA + F16C, no AVX-512 instruction anywhere (most laptops, many CI runners):
-          fp32 FMAs, strips dequantized once per step for batched steps.
+          batched steps in int8 with vpdpbusd on ymm where the CPU has AVX-VNNI (Intel client
+          cores since Alder Lake), else fp32 FMAs over strips dequantized once per step.
 The best path the CPU has is the default; STREAMKIT_NATIVE_ISA=avx512|avx2 (or the engine option
 `native_isa`) forces a lower one, and asking for a path the CPU lacks is a ValueError. Each build
 takes a few seconds once; the result is cached under streamkit.cache.native_dir() (default
@@ -40,6 +41,8 @@ CFLAGS = ["-O3", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math
 ISAS = ("amx", "avx512", "avx2")  # best first
 _AVX2 = ["-mavx2", "-mfma", "-mf16c", "-mbmi2"]
 _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512cd"]
+# flags a path uses where the CPU has them but runs without (the batched int8 kernels)
+OPTIONAL_FLAGS = ("-mavxvnni", "-mavx512vnni")
 # /proc/cpuinfo flags each path needs
 REQUIRES = {"avx2": {"avx2", "fma", "f16c", "bmi2"}}
 REQUIRES["avx512"] = REQUIRES["avx2"] | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
@@ -67,8 +70,8 @@ def isa_flags(isa: str, cpu: set[str] | None = None) -> list[str]:
     """The -m flags `isa` is compiled with on a CPU with flags `cpu` (avx512 uses bf16 dot
     products where the CPU has them)."""
     cpu = set(cores.cpu_flags()) if cpu is None else cpu
-    if isa == "avx2":
-        return list(_AVX2)
+    if isa == "avx2":  # the batched int8 kernel on ymm where the CPU has AVX-VNNI
+        return [*_AVX2, "-mavxvnni"] if "avx_vnni" in cpu else list(_AVX2)
     flags = list(_AVX512)
     if isa == "amx" or "avx512_bf16" in cpu:
         flags.append("-mavx512bf16")
@@ -142,7 +145,17 @@ def _load_isa(isa: str) -> ctypes.CDLL | None:
         _errors[isa] = "no C compiler (gcc) found"
         return None
     try:
-        path = _build(cc, isa, isa_flags(isa))
+        flags = isa_flags(isa)
+        try:
+            path = _build(cc, isa, flags)
+        except RuntimeError:
+            optional = [f for f in flags if f in OPTIONAL_FLAGS]
+            if not optional:
+                raise
+            # an older compiler without them (AVX-VNNI needs GCC 11): the path still runs, slower
+            log.warning("engine: %s could not build the %s kernels with %s; building without", cc, isa,
+                        " ".join(optional))
+            path = _build(cc, isa, [f for f in flags if f not in OPTIONAL_FLAGS])
         lib = ctypes.CDLL(str(path))
         _declare(lib)
         caps = lib.sk_init()
@@ -252,7 +265,8 @@ def describe(isa: str | None = None) -> str:
                else "fp32 FMAs over strips dequantized once per step")
     terms = int8_terms()
     if c & CAP_INT8 and terms:
-        batched = f"int8 VNNI, {'one' if terms == 1 else 'two'}-term activations (else {batched})"
+        vnni = "VNNI" if c & CAP_AVX512 else "AVX-VNNI on ymm"
+        batched = f"int8 {vnni}, {'one' if terms == 1 else 'two'}-term activations (else {batched})"
     return f"{name} ({'AVX-512' if c & CAP_AVX512 else 'AVX2+FMA, no AVX-512'}; batched steps: {batched})"
 
 

@@ -17,6 +17,8 @@
  * scales s0, s1 [K/32][16]; x to tiles of 16 rows, [16-row tile][K/32][8 groups of 4 k][16 rows][4]
  * int8 with dx and dx * sum(qx) [16-row tile][K/32][16]. A 16-row tile times 8 columns keeps 8
  * int32 and 8 fp32 accumulators (lanes = rows), each weight dword broadcast from the strip.
+ * The avx2 build on a CPU with AVX-VNNI (SK_VNNI256: Intel client cores since Alder Lake, AMD Zen 5)
+ * runs the same layouts and arithmetic on ymm, half a tile's rows at a time.
  * Included by sk_kernels.c only, where SK_VNNI is set. */
 #ifndef SK_INT8_H
 #define SK_INT8_H
@@ -25,13 +27,45 @@ INLINE int i8_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt =
 
 #define SK_I8_TWO 32 /* the i8_mask bit: activations as two int8 terms */
 
-/* one int8 term of 32 values v (lo, hi) into tile[g * 16] (g = 0..7), its scale and scale * sum */
-INLINE void i8_quant32(__m512 *lo, __m512 *hi, uint32_t *tile, float *d_out, float *ds_out) {
-    const __m512i gofs = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 7 * 16, 6 * 16, 5 * 16, 4 * 16, 3 * 16, 2 * 16, 16, 0);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(*lo), _mm512_abs_ps(*hi)));
+/* one int8 term of the 32 values v into tile[g * 16] (g = 0..7: dword g holds values 4g..4g+3), its
+ * scale and scale * sum; v <- what this term leaves (v - d * q), for a second term */
+#if SK_VNNI256
+INLINE void i8_quant32(float *v, uint32_t *tile, float *d_out, float *ds_out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 f[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        f[i] = _mm256_loadu_ps(v + 8 * i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, f[i]));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
     const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(*lo, _mm512_set1_ps(id)));
-    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(*hi, _mm512_set1_ps(id)));
+    int32_t q[32] __attribute__((aligned(32)));
+    for (int i = 0; i < 4; i++) {
+        const __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(f[i], _mm256_set1_ps(id)));
+        _mm256_store_si256((__m256i *)(q + 8 * i), qi);
+        _mm256_storeu_ps(v + 8 * i, _mm256_sub_ps(f[i], _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(qi))));
+    }
+    int sum = 0;
+    for (int g = 0; g < 8; g++) {
+        const int *p = q + 4 * g;
+        sum += p[0] + p[1] + p[2] + p[3];
+        tile[g * 16] = (uint32_t)(uint8_t)p[0] | (uint32_t)(uint8_t)p[1] << 8 | (uint32_t)(uint8_t)p[2] << 16 |
+                       (uint32_t)(uint8_t)p[3] << 24;
+    }
+    *d_out = d;
+    *ds_out = d * (float)sum;
+}
+#else
+INLINE void i8_quant32(float *v, uint32_t *tile, float *d_out, float *ds_out) {
+    const __m512i gofs = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 7 * 16, 6 * 16, 5 * 16, 4 * 16, 3 * 16, 2 * 16, 16, 0);
+    const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(id)));
+    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(id)));
     const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
     /* 32 int8 = 8 dwords (dword g: values 4g..4g+3) */
     const __m256i q8 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(qlo)),
@@ -39,10 +73,10 @@ INLINE void i8_quant32(__m512 *lo, __m512 *hi, uint32_t *tile, float *d_out, flo
     _mm512_mask_i32scatter_epi32(tile, 0xFF, gofs, _mm512_castsi256_si512(q8), 4);
     *d_out = d;
     *ds_out = d * (float)sum;
-    /* lo, hi <- what this term leaves: v - d * q */
-    *lo = _mm512_sub_ps(*lo, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(qlo)));
-    *hi = _mm512_sub_ps(*hi, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(qhi)));
+    _mm512_storeu_ps(v, _mm512_sub_ps(lo, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(qlo))));
+    _mm512_storeu_ps(v + 16, _mm512_sub_ps(hi, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(qhi))));
 }
+#endif
 
 /* bytes of the packed x of M rows of K inputs, one or two terms (fits in xb_elems(M, K) * 4 bytes) */
 static size_t i8_x_bytes(int M, int K, int two) {
@@ -73,10 +107,10 @@ static void i8_pack_x_team(const float *x, int ldx, int M, int K, uint8_t *xq, f
             }
             continue;
         }
-        const float *p = x + (size_t)row * ldx + kb * 32;
-        __m512 lo = _mm512_loadu_ps(p), hi = _mm512_loadu_ps(p + 16);
-        i8_quant32(&lo, &hi, tile + m, dx + si, dxs + si);
-        if (two) i8_quant32(&lo, &hi, tile + t2 / 4 + m, dx + s2 + si, dxs + s2 + si);
+        float v[32] __attribute__((aligned(64)));
+        memcpy(v, x + (size_t)row * ldx + kb * 32, sizeof v);
+        i8_quant32(v, tile + m, dx + si, dxs + si);
+        if (two) i8_quant32(v, tile + t2 / 4 + m, dx + s2 + si, dxs + s2 + si);
     }
 }
 
@@ -118,6 +152,7 @@ static void i8_strip_any(const sk_w *w, int n0, uint8_t *u, float *s0, float *s1
     }
 }
 
+#if !SK_VNNI256
 /* 8 columns (c0..c0+7 of the strip) of one 16-row tile: out[c] = column c's 16 rows; two: x has a
  * second term (tile at xt + t2, scales at dx + s2), multiplied with the same weight broadcasts */
 INLINE void i8_tile8(const uint8_t *u, const float *s0, const float *s1, const uint8_t *xt, const float *dx,
@@ -163,6 +198,64 @@ INLINE void i8_tile8(const uint8_t *u, const float *s0, const float *s1, const u
     }
     for (int c = 0; c < 8; c++) _mm512_store_ps(out + c * 16, f[c]);
 }
+#else
+/* AVX-VNNI (vpdpbusd on ymm, the avx2 build): 4 columns (c0..c0+3 of the strip) of one half (rows
+ * 8h..8h+7) of a 16-row tile, out[c * 16] = column c's 8 rows; the same arithmetic as i8_tile8 at
+ * half the width (15 of the 16 ymm registers) */
+INLINE void i8_tile4(const uint8_t *u, const float *s0, const float *s1, const uint8_t *xt, const float *dx,
+                     const float *dxs, int NB, int c0, int h, float *out, int two, size_t t2, size_t s2) {
+    __m256 f[4];
+    for (int c = 0; c < 4; c++) f[c] = _mm256_setzero_ps();
+    for (int kb = 0; kb < NB; kb++) {
+        const uint32_t *uk = (const uint32_t *)(u + (size_t)kb * 512) + c0 * 8;
+        const uint8_t *xk = xt + (size_t)kb * 512 + h * 32;
+        __m256i acc[4], acc2[4];
+        for (int c = 0; c < 4; c++) acc[c] = acc2[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xk + g * 64));
+            if (two) {
+                const __m256i xv2 = _mm256_loadu_si256((const __m256i *)(xk + t2 + g * 64));
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    const __m256i wb = _mm256_set1_epi32((int)uk[c * 8 + g]);
+                    acc[c] = _mm256_dpbusd_avx_epi32(acc[c], wb, xv);
+                    acc2[c] = _mm256_dpbusd_avx_epi32(acc2[c], wb, xv2);
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++)
+                    acc[c] = _mm256_dpbusd_avx_epi32(acc[c], _mm256_set1_epi32((int)uk[c * 8 + g]), xv);
+            }
+        }
+        const float *a = s0 + (size_t)kb * 16 + c0, *o = s1 + (size_t)kb * 16 + c0;
+        const size_t si = (size_t)kb * 16 + h * 8;
+        const __m256 d = _mm256_loadu_ps(dx + si);
+        __m256 ds = _mm256_loadu_ps(dxs + si);
+        if (two) {
+            const __m256 d2 = _mm256_loadu_ps(dx + s2 + si);
+            ds = _mm256_add_ps(ds, _mm256_loadu_ps(dxs + s2 + si));
+            for (int c = 0; c < 4; c++) {
+                const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc2[c]), d2, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[c]), d));
+                f[c] = _mm256_fmadd_ps(v, _mm256_set1_ps(a[c]), _mm256_fmadd_ps(ds, _mm256_set1_ps(o[c]), f[c]));
+            }
+        } else {
+            for (int c = 0; c < 4; c++)
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[c]), _mm256_mul_ps(d, _mm256_set1_ps(a[c])),
+                                       _mm256_fmadd_ps(ds, _mm256_set1_ps(o[c]), f[c]));
+        }
+    }
+    for (int c = 0; c < 4; c++) _mm256_storeu_ps(out + c * 16, f[c]);
+}
+
+/* the 16 x 16 tile ct ([column][row]) into y's rows (+= where acc) */
+INLINE void i8_store_tile(const float *ct, float *y, int ldy, int rows, int acc) {
+    for (int m = 0; m < rows; m++) {
+        float *o = y + (size_t)m * ldy;
+        for (int c = 0; c < 16; c++) o[c] = acc ? o[c] + ct[c * 16 + m] : ct[c * 16 + m];
+    }
+}
+#endif
 
 static __thread uint8_t *t_i8strip;
 static __thread size_t t_i8strip_cap;
@@ -193,6 +286,14 @@ static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf
         i8_strip_any(w, n0, u, s0, s1);
         for (int mt = 0; mt < MT; mt++) {
             const size_t ti = (size_t)mt * NB;
+            const int rows = M - mt * 16 < 16 ? M - mt * 16 : 16;
+#if SK_VNNI256
+            for (int h = 0; h < (rows > 8 ? 2 : 1); h++)
+                for (int c0 = 0; c0 < 16; c0 += 4)
+                    i8_tile4(u, s0, s1, xq + ti * 512, dx + ti * 16, dxs + ti * 16, NB, c0, h, ctile + c0 * 16 + h * 8,
+                             two, t2, s2);
+            i8_store_tile(ctile, y + (size_t)mt * 16 * ldy + n0, ldy, rows, acc);
+#else
             if (two) {
                 i8_tile8(u, s0, s1, xq + ti * 512, dx + ti * 16, dxs + ti * 16, NB, 0, ctile, 1, t2, s2);
                 i8_tile8(u, s0, s1, xq + ti * 512, dx + ti * 16, dxs + ti * 16, NB, 8, ctile + 128, 1, t2, s2);
@@ -202,7 +303,8 @@ static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf
             }
             __m512 r[16];
             for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(ctile + i * 16);
-            store_tile(r, y + (size_t)mt * 16 * ldy + n0, ldy, M - mt * 16 < 16 ? M - mt * 16 : 16, acc);
+            store_tile(r, y + (size_t)mt * 16 * ldy + n0, ldy, rows, acc);
+#endif
         }
     }
 }

@@ -44,8 +44,14 @@
 #else
 #define SK_AMX 0
 #endif
+/* AVX-VNNI: vpdpbusd on ymm in a build without AVX-512 (the avx2 path) */
+#if defined(__AVXVNNI__) && !defined(__AVX512F__)
+#define SK_VNNI256 1
+#else
+#define SK_VNNI256 0
+#endif
 /* the batched int8 path (sk_int8.h), where no AMX tiles take the batched steps */
-#define SK_VNNI (SK_HAS_VNNI && !SK_AMX)
+#define SK_VNNI ((SK_HAS_VNNI && !SK_AMX) || SK_VNNI256)
 
 #include "sk_pool.h"
 #include "sk_vec.h"
