@@ -208,7 +208,13 @@ INLINE gvi gv_or(gvi a, gvi b) { return _mm256_or_si256(a, b); }
 INLINE gvi gv_srli16(gvi a, int n) { return _mm256_srli_epi16(a, n); }
 INLINE gvi gv_nib(void) { return _mm256_set1_epi8(0x0F); }
 INLINE gvi gv_maddubs(gvi u, gvi x) { return _mm256_maddubs_epi16(u, x); }
-INLINE gvi gv_madd_acc(gvi acc, gvi p, gvi s) { return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)); }
+INLINE gvi gv_madd_acc(gvi acc, gvi p, gvi s) {
+#if SK_VNNI256
+    return _mm256_dpwssd_avx_epi32(acc, p, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+#endif
+}
 INLINE gvf gv_fma_i(gvi i, float s, gvf f) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(s), f); }
 INLINE float gv_sum(gvf f) { return sum8(f); }
 INLINE gvi gv_dup16(gvi d32) { return _mm256_or_si256(_mm256_and_si256(d32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(d32, 16)); }
@@ -374,6 +380,8 @@ INLINE void block_scales(int fmt, const sk_w *w, size_t b, int n, __m128 *s0, __
 INLINE __m256i dot256(__m256i acc, __m256i u, __m256i x) {
 #if SK_HAS_VNNI
     return _mm256_dpbusd_epi32(acc, u, x);
+#elif SK_VNNI256
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
 #endif
