@@ -242,7 +242,7 @@ def fast_dpbf16() -> bool:
 
 
 def int8_terms() -> int:
-    """Activation terms of the avx512 path's batched int8 kernel, 0 where it is not used:
+    """Activation terms of the batched int8 kernel (avx512 with VNNI, avx2 with AVX-VNNI), 0 where it is not used:
     STREAMKIT_NATIVE_INT8 (2, 1 or 0), default 2. Two terms keep greedy output equal to fp32's (20
     of 20 bench prompts on Zen 5 and on Intel); one term, llama.cpp's scheme, does not, and neither
     quite does vdpbf16ps, 15-20 % faster on Zen 5 at 16 streams but 17 of 20 (docs/engine.md)."""
