@@ -28,62 +28,25 @@ INLINE int i8_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt =
 #define SK_I8_TWO 32 /* the i8_mask bit: activations as two int8 terms */
 
 /* one int8 term of the 32 values v into tile[g * 16] (g = 0..7: dword g holds values 4g..4g+3), its
- * scale and scale * sum; v <- what this term leaves (v - d * q), for a second term */
-#if SK_VNNI256
+ * scale and scale * sum; v <- what this term leaves (v - d * q), for a second term. The 1-2 row
+ * path's quantizer (sk_gemv.h: amax_n, quant32) does the arithmetic; this only lays it out. */
 INLINE void i8_quant32(float *v, uint32_t *tile, float *d_out, float *ds_out) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 f[4], m = _mm256_setzero_ps();
-    for (int i = 0; i < 4; i++) {
-        f[i] = _mm256_loadu_ps(v + 8 * i);
-        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, f[i]));
-    }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float amax = _mm_cvtss_f32(h);
+    const float amax = amax_n(v, 32);
     const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int32_t q[32] __attribute__((aligned(32)));
-    for (int i = 0; i < 4; i++) {
-        const __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(f[i], _mm256_set1_ps(id)));
-        _mm256_store_si256((__m256i *)(q + 8 * i), qi);
-        _mm256_storeu_ps(v + 8 * i, _mm256_sub_ps(f[i], _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(qi))));
-    }
-    int sum = 0;
-    for (int g = 0; g < 8; g++) {
-        const int *p = q + 4 * g;
-        sum += p[0] + p[1] + p[2] + p[3];
-        tile[g * 16] = (uint32_t)(uint8_t)p[0] | (uint32_t)(uint8_t)p[1] << 8 | (uint32_t)(uint8_t)p[2] << 16 |
-                       (uint32_t)(uint8_t)p[3] << 24;
-    }
+    uint32_t q[8]; /* 32 int8 in natural order */
+    int sum_lo, sum_hi;
+    quant32(v, d, id, (int8_t *)q, (int8_t *)q + 16, &sum_lo, &sum_hi);
+    for (int g = 0; g < 8; g++) tile[g * 16] = q[g];
     *d_out = d;
-    *ds_out = d * (float)sum;
+    *ds_out = d * (float)(sum_lo + sum_hi);
 }
-#else
-INLINE void i8_quant32(float *v, uint32_t *tile, float *d_out, float *ds_out) {
-    const __m512i gofs = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 7 * 16, 6 * 16, 5 * 16, 4 * 16, 3 * 16, 2 * 16, 16, 0);
-    const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(id)));
-    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(id)));
-    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
-    /* 32 int8 = 8 dwords (dword g: values 4g..4g+3) */
-    const __m256i q8 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(qlo)),
-                                               _mm512_cvtsepi32_epi8(qhi), 1);
-    _mm512_mask_i32scatter_epi32(tile, 0xFF, gofs, _mm512_castsi256_si512(q8), 4);
-    *d_out = d;
-    *ds_out = d * (float)sum;
-    _mm512_storeu_ps(v, _mm512_sub_ps(lo, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(qlo))));
-    _mm512_storeu_ps(v + 16, _mm512_sub_ps(hi, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(qhi))));
-}
-#endif
 
 /* bytes of the packed x of M rows of K inputs, one or two terms (fits in xb_elems(M, K) * 4 bytes) */
 static size_t i8_x_bytes(int M, int K, int two) {
     return (size_t)((M + 15) / 16) * (K / 32) * (512 + 2 * 64) * (two ? 2 : 1);
 }
 
-/* x [M][K] fp32 -> int8 tiles (see above), this thread's share of (row, block) pairs; the second
+/* x [M][K] fp32 -> int8 tiles (see above), this thread's share of whole tiles; the second
  * term (two) at xq + MT * NB * 512, dx + 2 MT * NB * 16 */
 static void i8_pack_x_team(const float *x, int ldx, int M, int K, uint8_t *xq, float *dx, float *dxs, int two,
                            sk_team *t) {
