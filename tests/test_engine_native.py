@@ -194,11 +194,11 @@ def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("k", [576, 768])
 def test_gemv_int8_matmul_of_few_rows(kind, rows, k, isa):
-    """The int8 path of few rows (every path; activations in two int8 terms): K-quants at 1-2 rows,
-    the formats with a scale per block at 1 row, including a last group of fewer blocks (576 = 18
+    """The int8 path of few rows (every path; activations in two int8 terms): K-quants at 1-4 rows,
+    the formats with a scale per block at 1-2 rows, including a last group of fewer blocks (576 = 18
     blocks): close to the fp32 product and visibly rounded, y += x . W^T, every row the same as
     multiplied alone. Other cases take the fp32 path exactly."""
     if kind in K_QUANT_KINDS and k % 256:
@@ -212,7 +212,7 @@ def test_gemv_int8_matmul_of_few_rows(kind, rows, k, isa):
     mask = INT8_GEMV | INT8_TWO_TERMS
     got = _matmul(w, x, 0, y=y0, isa=isa, int8_mask=mask)
     exact = _matmul(w, x, 0, y=y0, isa=isa)
-    takes = rows <= 2 if kind in ("Q4_K", "Q6_K") else rows == 1 and kind in ("Q4_1", "Q4_0", "Q8_0")
+    takes = rows <= 4 if kind in ("Q4_K", "Q6_K") else rows <= 2 and kind in ("Q4_1", "Q4_0", "Q8_0")
     if not takes:
         assert torch.equal(got, exact)
         return
@@ -235,10 +235,12 @@ def test_gemv_int8_handles_extreme_activations(isa):
         x[0] = 1e4  # every value at +127 after quantization
         x[1, :256] = -3.5
         ref = x @ torch.from_numpy(native_dequantize(w)).T
-        for r in range(2):  # the block formats take 1 row
+        both = _matmul(w, x, 0, isa=isa, int8_mask=INT8_GEMV)
+        for r in range(2):
             got = _matmul(w, x[r:r + 1], 0, isa=isa, int8_mask=INT8_GEMV)
             assert torch.isfinite(got).all()
             assert ((got - ref[r]).abs().max() / ref[r].abs().max()).item() < 2e-4, kind
+            assert torch.equal(got[0], both[r])
 
 
 def test_gemv_int8_of_no_rows_writes_nothing(isa):
@@ -304,6 +306,27 @@ def test_a_compiler_without_the_optional_flags_still_builds_the_path(monkeypatch
     assert not native.caps("avx2") & native.CAP_INT8  # built without AVX-VNNI: fp32 batched steps
     built = [p.name for p in (tmp_path / "cache" / "native").iterdir()]
     assert len(built) == 1 and built[0].startswith("sk_kernels-avx2-"), built  # the failed try left nothing
+
+
+def test_q6_k_few_rows_without_avx512_vbmi_are_the_same_numbers(monkeypatch, tmp_path):
+    """The few-row Q6_K kernel unpacks with AVX512_VBMI byte permutes where the CPU has them, else
+    with the AVX-512 shuffles every path has: a build for a CPU without VBMI gives the same products."""
+    if native.missing("avx512") or "-mavx512vbmi" not in native.isa_flags("avx512"):
+        pytest.skip("needs a CPU with AVX-512 and AVX512_VBMI")
+    rng = np.random.default_rng(11)
+    w = _weight("Q6_K", 40, 768, rng)
+    x = torch.from_numpy(rng.standard_normal((3, 768)).astype(np.float32))
+    with_vbmi = _matmul(w, x, 0, isa="avx512", int8_mask=INT8_GEMV | INT8_TWO_TERMS)
+    flags = native.cores.cpu_flags()
+    monkeypatch.setattr(native.cores, "cpu_flags", lambda: frozenset(flags - {"avx512vbmi"}))
+    monkeypatch.setenv("STREAMKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_libs", {})
+    monkeypatch.setattr(native, "_caps", {})
+    monkeypatch.setattr(native, "_errors", {})
+    assert "-mavx512vbmi" not in native.isa_flags("avx512")
+    without = _matmul(w, x, 0, isa="avx512", int8_mask=INT8_GEMV | INT8_TWO_TERMS)
+    assert torch.equal(with_vbmi, without)
+    assert not torch.equal(without, _matmul(w, x, 0, isa="avx512"))  # and it is the int8 path's
 
 
 def test_forcing_a_path_the_cpu_lacks_is_an_error(monkeypatch):
@@ -399,6 +422,26 @@ def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, batch
     diffs = [float((a - b).abs().max()) for a, b in zip(logits, ref_logits)]
     assert max(diffs) < 0.5, diffs
     assert sum(int(a.argmax()) == int(b.argmax()) for a, b in zip(logits, ref_logits)) >= len(diffs) - 2
+
+
+def test_one_activation_term_for_drafts(raw_model, reference_run, isa):
+    """int8_terms=1 (a narrowed draft's setting): batched steps quantize activations once, so their
+    logits are rounded visibly more than two terms' (~10x here), still near fp32's; a setting other
+    than 0-2 is refused."""
+    if not native.caps(isa) & native.CAP_INT8:
+        pytest.skip(f"the {isa} path has no int8 matmul here ({native.describe(isa)})")
+    ids, (ref_logits, _) = reference_run
+    runs = []
+    for terms in (1, 2):
+        model = NativeLlamaModel(raw_model, "native", isa=isa, int8_terms=terms)
+        assert bool(model.int8_mask & INT8_TWO_TERMS) == (terms == 2)
+        model.kv_cache = _cache(raw_model.config, torch.float16)
+        runs.append(_run_steps(model, ids, 2)[0])
+    # the prompts' last logits (later steps follow each run's own greedy tokens)
+    one, two = (max(float((a - b).abs().max()) for a, b in zip(r[:len(ids)], ref_logits)) for r in runs)
+    assert 0.1 < one < 2.0 and two < 0.05, (one, two)
+    with pytest.raises(ValueError, match="int8_terms must be 0, 1 or 2"):
+        NativeLlamaModel(raw_model, "native", isa=isa, int8_terms=3)
 
 
 @NEEDS_NATIVE

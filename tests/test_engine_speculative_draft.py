@@ -186,13 +186,17 @@ def test_packaged_draft_is_the_pinned_file_with_the_1_5b_vocabulary():
 
 @pytest.mark.slow
 @needs_pair
-def test_qwen_1_5b_with_its_0_5b_draft_is_plain_greedy_decoding():
+@pytest.mark.parametrize("weights,spec_k", [("native-fp32", None), ("native", 3)])
+def test_qwen_1_5b_with_its_0_5b_draft_is_plain_greedy_decoding(weights, spec_k):
+    """native-fp32: batch-invariant arithmetic, so sequential and concurrent runs alike. native: a
+    verify chunk of up to 4 rows on Q4_K / Q6_K weights takes the few-row int8 kernel, whose every
+    row is the row multiplied alone, so one sequence's speculative output is its plain one too."""
     from streamkit.bench.translate import load_pairs, messages
 
     texts = [en for en, _ in load_pairs()[:4]]
-    kw = {"weights": "native-fp32", "kv_cache_tokens": 4096}
+    kw = {"weights": weights, "kv_cache_tokens": 4096}
     plain = Engine("qwen2.5-coder-1.5b", "cpu", **kw)
-    spec = Engine("qwen2.5-coder-1.5b", "cpu", speculative="draft", **kw)
+    spec = Engine("qwen2.5-coder-1.5b", "cpu", speculative="draft", spec_k=spec_k, **kw)
     params = SamplingParams(max_tokens=32)
 
     def run(eng, concurrent=False):
@@ -210,7 +214,8 @@ def test_qwen_1_5b_with_its_0_5b_draft_is_plain_greedy_decoding():
         expected = run(plain)
         plain.close()
         assert run(spec) == expected
-        assert run(spec, concurrent=True) == expected
+        if weights == "native-fp32":
+            assert run(spec, concurrent=True) == expected
         st = spec.stats()
         assert st["spec_acceptance"] > 0.4 and st["draft_prefix_cache_hit_tokens"] > 0
     finally:

@@ -35,7 +35,7 @@ class EngineOptions:
     spec_k: int
     draft_model: str | None  # speculative="draft": a packaged model's name or a GGUF path
     draft_stop_p: float  # a draft stops at a token it gave less than this probability (0: always k)
-    draft_q4: bool  # `native` drafts re-quantized to Q4_0 at load (draft.narrow_to_q4_0)
+    draft_q4: bool  # `native` drafts re-quantized to Q4_0 at load, one-term int8 activations (draft.py)
     native_isa: str | None  # the native kernels' path (amx | avx512 | avx2); None: the best the CPU has
     # the longest a CPU engine waits before a step while urgent compute (streamkit.cores: the
     # first spoken piece of an answer, an ASR final) runs; 0: never waits
@@ -45,9 +45,10 @@ class EngineOptions:
 SPECULATIVE = ("ngram", "draft")
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"  # the 1.5B's packaged draft (model_store.QWEN_0_5B_DRAFT)
 # tokens proposed per round at most. With a draft model, k = 1 is fastest for the 1.5B + 0.5B pair
-# on translation since steps of 1-2 rows run on the int8 path: its 2-row verify costs 1.2 plain
-# steps, while 3+ rows fall to the fp32 path at 2+ (k = 1: 15.8 tok/s in the answers, 18.7 over 64
-# tokens; k = 2: 11.7 / 14.6; k = 5 with the draft stopping below p = 0.4: 12.6 / 18.9; docs/engine.md)
+# on translation: each verify row past the first costs ~6-10 ms of int8 work on a ~27 ms step and
+# a round's second draft token ~9 ms (Zen 5, 24 sentences, 3-row verifies in int8: k = 1 30.3 tok/s
+# in the answers, k = 2 30.1-30.8, a tie; Intel, when they took the fp32 path: k = 1 15.8, k = 2
+# 11.7; docs/engine.md)
 DEFAULT_SPEC_K = {"ngram": 4, "draft": 1}
 DEFAULT_DRAFT_STOP_P = 0.4
 

@@ -50,16 +50,19 @@ DPBF16_MIN_ROWS_AMD = 8
 # of 16: the fp32 path is faster below 8 rows (6 rows: 229 vs 274 us).
 INT8_MIN_ROWS = 8
 INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
-# Steps of 1 or 2 rows (decode at batch 1-2) on Q4_K / Q6_K weights, and of 1 row on Q4_1 / Q4_0 /
-# Q8_0: llama.cpp's int8 schemes (sk_gemv.h), two activation terms, on every instruction set.
+# Steps of 1-4 rows (decode at batch 1-4, a speculative verify) on Q4_K / Q6_K weights, and of 1-2
+# rows on Q4_1 / Q4_0 / Q8_0: llama.cpp's int8 schemes (sk_gemv.h), two activation terms, on every
+# instruction set.
 # STREAMKIT_NATIVE_GEMV=0 turns it off (fp32 FMAs, as before).
 INT8_GEMV = 64
 
 
 class NativeLlamaModel:
     def __init__(self, gm: GGUFModel, weights: str = "native", bf16_min_rows: int | None = None,
-                 isa: str | None = None, int8_min_rows: int | None = None):
-        """isa: the kernels' instruction-set path (native.ISAS); None: STREAMKIT_NATIVE_ISA, else the best."""
+                 isa: str | None = None, int8_min_rows: int | None = None, int8_terms: int | None = None):
+        """isa: the kernels' instruction-set path (native.ISAS); None: STREAMKIT_NATIVE_ISA, else the best.
+        int8_terms: activation terms of the batched int8 kernel (2, 1; 0: not used); None:
+        native.int8_terms(). One term is for drafts, which the target checks anyway."""
         if weights not in MODES:
             raise ValueError(f"unknown native weight mode {weights!r}; expected one of {MODES}")
         self.isa = native.resolve_isa(isa)
@@ -84,7 +87,9 @@ class NativeLlamaModel:
                         else DPBF16_MIN_ROWS_AMD if native.fast_dpbf16() else DPBF16_MIN_ROWS)
         use_bf16 = weights == "native" and bool(caps & native.CAP_BF16)
         self.bf16_min_rows = (bf16_min_rows or default_rows) if use_bf16 else 0
-        terms = native.int8_terms()
+        terms = native.int8_terms() if int8_terms is None else int8_terms
+        if terms not in (0, 1, 2):
+            raise ValueError(f"int8_terms must be 0, 1 or 2, got {int8_terms!r}")
         use_int8 = weights == "native" and bool(caps & native.CAP_INT8) and terms > 0
         self.int8_min_rows = (int8_min_rows or INT8_MIN_ROWS) if use_int8 else 0
         use_gemv = weights == "native" and os.environ.get("STREAMKIT_NATIVE_GEMV", "1") != "0"

@@ -1,5 +1,6 @@
-/* The int8 path of steps with few rows (decode at batch 1-2) on K-quant weights (Q4_K, Q6_K), and of
- * 1 row on the formats with a scale per block (Q4_1, Q4_0, Q8_0; second half of this file), on every
+/* The int8 path of steps with few rows (decode at batch 1-4, speculative verifies) on K-quant weights
+ * (Q4_K, Q6_K: 1-4 rows), and of 1-2 rows on the formats with a scale per block (Q4_1, Q4_0, Q8_0;
+ * second half of this file), on every
  * instruction set the kernels build for (AVX2 is enough; AVX-512 VNNI fuses a step).
  *
  * llama.cpp's scheme for these formats: activations quantized per super-block of 256 values, the
@@ -26,10 +27,13 @@
 #include <math.h>
 
 #define SK_GEMV 64 /* the i8_mask bit: matmuls gemv_takes accepts take this path */
-/* Rows from which the fp32 path, which dequantizes once per 4 rows, catches up: int8 work grows
- * with every row (Q4_K 17920 x 1536, 2 threads, fp32 vs int8 ms: 1 row 1.36 vs 0.62, 2 rows 1.53
- * vs 1.05, 3 rows 1.65 vs 1.58, 4 rows 1.81 vs 2.72). */
-#define SK_GEMV_MAX_ROWS 2
+/* Rows up to which this path beats the fp32 one, which dequantizes once per 4 rows: the int8 work
+ * grows with every row, the weight stream does not. Zen 5, 2 threads, a whole step, fp32 vs int8 ms:
+ * the 1.5B (Q4_K / Q6_K) 3 rows 60 vs 46, 4 rows 70 vs 56 (AVX2 forced: 100 vs 62, 116 vs 78); the
+ * formats with a scale per block, whose fp32 path has no integer scales to apply, tie at 3 rows
+ * (SmolLM2 Q4_1: 4.7 vs 4.8; 2 rows 3.9 vs 3.5, AVX2 forced 6.1 vs 4.5). */
+#define SK_GEMV_MAX_ROWS 4
+#define SK_GEMV_BLOCK_ROWS 2
 #ifdef __AVX512F__
 #define SK_GEMV_G 4
 #else
@@ -226,11 +230,13 @@ INLINE gvi gv_scales_i8(const int8_t *s, int g) {
     memcpy(&v, s + 4 * g, 4);
     return gv_dup16(_mm256_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
 }
-INLINE gvi gv_q6_high(const uint32_t *h, int half) {
-    const int a = (int)h[half], b = (int)h[2 + half];
-    const gvi v = _mm256_setr_epi32(a, a, a, a, b, b, b, b);
-    const gvi spread = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
-                                                               0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+/* from h8, each lane holding its block's 8 high bytes (word 0: values 0-15, word 1: 16-31) */
+INLINE gvi gv_q6_high8(gvi h8, int half) {
+    const int o = 4 * half;
+    const gvi spread = _mm256_shuffle_epi8(h8, _mm256_setr_epi8(o, o, o, o, o + 1, o + 1, o + 1, o + 1, o + 2, o + 2, o + 2,
+                                                                o + 2, o + 3, o + 3, o + 3, o + 3, o, o, o, o, o + 1, o + 1,
+                                                                o + 1, o + 1, o + 2, o + 2, o + 2, o + 2, o + 3, o + 3,
+                                                                o + 3, o + 3));
     const gvi f = _mm256_and_si256(spread, _mm256_set1_epi32((int)0xC0300C03u));
     const gvi lut = _mm256_setr_epi8(0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0,
                                      0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0);
@@ -243,13 +249,60 @@ INLINE gvi gv_q6_nibbles(const uint8_t *q) {
 }
 #endif
 
-/* y[r][n] (+)= x[r] . W[n] for MR rows (<= 2), W in Q4_K or Q6_K; G blocks a register */
+/* the 6-bit values of G Q6_K blocks at q (24 bytes each: 16 nibble bytes, then the high bit pairs
+ * of values 0-15 and of 16-31 as two uint32): values 0-15 of each block in lo, 16-31 in hi */
+#if defined(__AVX512F__) && defined(__AVX512VBMI__)
+/* With AVX512_VBMI one byte permute over the group's 96 bytes gathers the nibbles, another puts
+ * each block's 8 high bytes into both qwords of its lane, and vpmultishiftqb moves every value's
+ * bit pair to bits 4-5 of its byte: a third of the instructions of the version below, which made
+ * Q6_K matmuls compute-bound at 1 row (1.5B down projection 25 vs Q4_K's 48 GB/s). */
+#define Q6_NIB(i) (24 * ((i) / 16) + (i) % 16 < 64 ? 24 * ((i) / 16) + (i) % 16 : 24 * ((i) / 16) + (i) % 16 + 32)
+#define Q6_HIGH(i) (24 * ((i) / 16) + 16 + (i) % 8 < 64 ? 24 * ((i) / 16) + 16 + (i) % 8 : 24 * ((i) / 16) + 16 + (i) % 8 + 32)
+#define Q6_SHIFT(i, base) (((base) + 2 * ((i) % 16) - 4) & 63) /* value (i % 16)'s pair lands at bits 4-5 */
+#define Q6_8(M, i, ...) M(i, ##__VA_ARGS__), M(i + 1, ##__VA_ARGS__), M(i + 2, ##__VA_ARGS__), M(i + 3, ##__VA_ARGS__), \
+    M(i + 4, ##__VA_ARGS__), M(i + 5, ##__VA_ARGS__), M(i + 6, ##__VA_ARGS__), M(i + 7, ##__VA_ARGS__)
+#define Q6_64(M, ...) Q6_8(M, 0, ##__VA_ARGS__), Q6_8(M, 8, ##__VA_ARGS__), Q6_8(M, 16, ##__VA_ARGS__), \
+    Q6_8(M, 24, ##__VA_ARGS__), Q6_8(M, 32, ##__VA_ARGS__), Q6_8(M, 40, ##__VA_ARGS__), Q6_8(M, 48, ##__VA_ARGS__), \
+    Q6_8(M, 56, ##__VA_ARGS__)
+static const uint8_t q6_nib_idx[64] __attribute__((aligned(64))) = {Q6_64(Q6_NIB)};
+static const uint8_t q6_high_idx[64] __attribute__((aligned(64))) = {Q6_64(Q6_HIGH)};
+static const uint8_t q6_lo_shift[64] __attribute__((aligned(64))) = {Q6_64(Q6_SHIFT, 0)};
+static const uint8_t q6_hi_shift[64] __attribute__((aligned(64))) = {Q6_64(Q6_SHIFT, 32)};
+INLINE void gv_q6_values(const uint8_t *q, gvi *lo, gvi *hi) {
+    const __m512i a = _mm512_loadu_si512((const void *)q), b = _mm512_loadu_si512((const void *)(q + 32));
+    const __m512i v = _mm512_permutex2var_epi8(a, _mm512_load_si512((const void *)q6_nib_idx), b);
+    const __m512i h = _mm512_permutex2var_epi8(a, _mm512_load_si512((const void *)q6_high_idx), b);
+    const __m512i m4 = gv_nib(), m30 = _mm512_set1_epi8(0x30);
+    *lo = _mm512_or_si512(_mm512_and_si512(v, m4),
+                          _mm512_and_si512(_mm512_multishift_epi64_epi8(_mm512_load_si512((const void *)q6_lo_shift), h), m30));
+    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                          _mm512_and_si512(_mm512_multishift_epi64_epi8(_mm512_load_si512((const void *)q6_hi_shift), h), m30));
+}
+#elif !defined(__AVX512F__)
+INLINE void gv_q6_values(const uint8_t *q, gvi *lo, gvi *hi) {
+    const gvi v = gv_q6_nibbles(q);
+    const gvi h8 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(q + 16))),
+                                           _mm_loadl_epi64((const __m128i *)(q + 40)), 1);
+    *lo = gv_or(gv_and(v, gv_nib()), gv_q6_high8(h8, 0));
+    *hi = gv_or(gv_and(gv_srli16(v, 4), gv_nib()), gv_q6_high8(h8, 1));
+}
+#else
+INLINE void gv_q6_values(const uint8_t *q, gvi *lo, gvi *hi) {
+    uint32_t h[8];
+    for (int b = 0; b < SK_GEMV_G; b++) memcpy(h + 2 * b, q + 24 * b + 16, 8);
+    const gvi v = gv_q6_nibbles(q);
+    *lo = gv_or(gv_and(v, gv_nib()), gv_q6_high(h, 0));
+    *hi = gv_or(gv_and(gv_srli16(v, 4), gv_nib()), gv_q6_high(h, 1));
+}
+#endif
+
+/* y[r][n] (+)= x[r] . W[n] for MR rows (<= SK_GEMV_MAX_ROWS), W in Q4_K or Q6_K; G blocks a register */
 INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
     const int K = w->k, NS = K / 256, G = SK_GEMV_G;
     const gvi m4 = gv_nib();
-    gemv_x X[2];
-    gvf f[2];
-    __m256 fo[2]; /* the offset terms (Q4_K's mins, Q6_K's -32), 8 lanes */
+    gemv_x X[SK_GEMV_MAX_ROWS];
+    gvf f[SK_GEMV_MAX_ROWS];
+    __m256 fo[SK_GEMV_MAX_ROWS]; /* the offset terms (Q4_K's mins, Q6_K's -32), 8 lanes */
     for (int r = 0; r < MR; r++) {
         X[r] = gemv_row(xb, K, r);
         f[r] = gv_fzero();
@@ -257,7 +310,7 @@ INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, f
     }
     for (int s = 0; s < NS; s++) {
         const float *S = w->sc + (size_t)6 * ((size_t)n * NS + s);
-        gvi ia[2][2];
+        gvi ia[SK_GEMV_MAX_ROWS][2];
         for (int r = 0; r < MR; r++) ia[r][0] = ia[r][1] = gv_zero();
 #pragma GCC unroll 4
         for (int g = 0; g < 8 / G; g++) {
@@ -268,12 +321,7 @@ INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, f
                 hi = gv_and(gv_srli16(v, 4), m4);
                 sclo = schi = gv_lanes(gv_scales_u8((const uint8_t *)(S + 2)), G * g, 1);
             } else { /* SK_Q6_K; sc: float d, 4 unused bytes, int8 scale[16] (one per 16 values) */
-                const uint8_t *q = w->qs + (((size_t)n * NS + s) * 8 + G * g) * 24;
-                uint32_t h[8];
-                for (int b = 0; b < G; b++) memcpy(h + 2 * b, q + 24 * b + 16, 8);
-                const gvi v = gv_q6_nibbles(q);
-                lo = gv_or(gv_and(v, m4), gv_q6_high(h, 0));
-                hi = gv_or(gv_and(gv_srli16(v, 4), m4), gv_q6_high(h, 1));
+                gv_q6_values(w->qs + (((size_t)n * NS + s) * 8 + G * g) * 24, &lo, &hi);
                 /* block G g + b's halves use scales 2 (G g + b) and 2 (G g + b) + 1 */
                 const gvi sc = gv_scales_i8((const int8_t *)(S + 2), g);
                 const int first = G == 4 ? 8 * g : 0;
@@ -325,12 +373,12 @@ INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, f
 
 INLINE int gemv_block_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q8_0; }
 
-/* whether this path takes M rows of w: K-quants up to SK_GEMV_MAX_ROWS rows; the formats with a
- * scale per block, whose fp32 path is cheaper (no integer scales to apply), at 1 row only */
+/* whether this path takes M rows of w: K-quants up to SK_GEMV_MAX_ROWS rows, the formats with a
+ * scale per block up to SK_GEMV_BLOCK_ROWS */
 INLINE int gemv_takes(const sk_w *w, int M) {
     if (M < 1) return 0; /* a step with no logit rows: nothing to multiply */
     if (gemv_kquant(w->fmt)) return M <= SK_GEMV_MAX_ROWS && w->k % 256 == 0;
-    return M == 1 && gemv_block_format(w->fmt) && w->k % 64 == 0;
+    return M <= SK_GEMV_BLOCK_ROWS && gemv_block_format(w->fmt) && w->k % 64 == 0;
 }
 
 static size_t gemv_b_stride(int K) { return ((size_t)2 * K + (size_t)3 * (K / 32) * 4 + 63) / 64 * 64; }
@@ -387,8 +435,15 @@ INLINE __m256i dot256(__m256i acc, __m256i u, __m256i x) {
 #endif
 }
 
-/* two blocks from b of column n, 256 bits wide: f[r] += the products, o[r] += the offsets */
-INLINE void gemv_pair(int fmt, int MR, const sk_w *w, int n, int b, const uint8_t *xb, __m256 *f, __m128 *o) {
+/* Each row sums into GEMV_ACC registers, one FMA each per iteration: a single register made the
+ * loop one chain of FMA latencies, which bounded the avx2 path's batch-1 step (Q8_0: 4 FMAs of
+ * 4 cycles per 64 weights). Slot t is term t; Q8_0 (one FMA per block and term) adds 2 + t for its
+ * second block. */
+#define GEMV_ACC 4
+
+/* two blocks from b of column n, 256 bits wide: f[r][] += the products, o[r] += the offsets */
+INLINE void gemv_pair(int fmt, int MR, const sk_w *w, int n, int b, const uint8_t *xb, __m256 (*f)[GEMV_ACC],
+                      __m128 *o) {
     const int K = w->k, NB = K / 32;
     const size_t gb = (size_t)n * NB + b, stride = gemv_b_stride(K);
     __m128 s0, s1;
@@ -412,13 +467,13 @@ INLINE void gemv_pair(int fmt, int MR, const sk_w *w, int n, int b, const uint8_
             const __m256 S = _mm256_castps128_ps256(_mm_mul_ps(s0, load_n(dx + t * NB + b, 2)));
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)xq), x1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
             if (fmt == SK_Q8_0) { /* natural order: one block a register */
-                f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot256(_mm256_setzero_si256(), u[0], _mm256_sign_epi8(x0, sg[0]))),
-                                       _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(0)), f[r]);
-                f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot256(_mm256_setzero_si256(), u[1], _mm256_sign_epi8(x1, sg[1]))),
-                                       _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(1)), f[r]);
+                f[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot256(_mm256_setzero_si256(), u[0], _mm256_sign_epi8(x0, sg[0]))),
+                                          _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(0)), f[r][t]);
+                f[r][2 + t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot256(_mm256_setzero_si256(), u[1], _mm256_sign_epi8(x1, sg[1]))),
+                                              _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(1)), f[r][2 + t]);
             } else { /* group order: each register holds 16 values of both blocks, 4 lanes each */
                 const __m256i i = dot256(dot256(_mm256_setzero_si256(), u[0], x0), u[1], x1);
-                f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(S, lanes4(0, 1)), f[r]);
+                f[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(S, lanes4(0, 1)), f[r][t]);
             }
         }
         o[r] = _mm_fmadd_ps(s1, load_n(sx + b, 2), o[r]);
@@ -433,10 +488,10 @@ INLINE float sum4(__m128 a) {
 /* y[r][n] (+)= x[r] . W[n] for MR rows */
 INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
     const int NB = w->k / 32;
-    __m256 f[2];
-    __m128 o[2];
+    __m256 f[SK_GEMV_BLOCK_ROWS][GEMV_ACC];
+    __m128 o[SK_GEMV_BLOCK_ROWS];
     for (int r = 0; r < MR; r++) {
-        f[r] = _mm256_setzero_ps();
+        for (int a = 0; a < GEMV_ACC; a++) f[r][a] = _mm256_setzero_ps();
         o[r] = _mm_setzero_ps();
     }
     int b = 0;
@@ -447,8 +502,9 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
     const __m512i e4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i e8a = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i e8b = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    __m512 F[2];
-    for (int r = 0; r < MR; r++) F[r] = _mm512_setzero_ps();
+    __m512 F[SK_GEMV_BLOCK_ROWS][GEMV_ACC];
+    for (int r = 0; r < MR; r++)
+        for (int a = 0; a < GEMV_ACC; a++) F[r][a] = _mm512_setzero_ps();
     for (; b + 4 <= NB; b += 4) {
         const size_t gb = (size_t)n * NB + b;
         __m128 s0, s1;
@@ -477,11 +533,12 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
                 if (fmt == SK_Q8_0) {
                     const __m512i z = _mm512_setzero_si512();
                     const __m512i sx0 = _mm512_mask_sub_epi8(x0, n0, z, x0), sx1 = _mm512_mask_sub_epi8(x1, n1, z, x1);
-                    F[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8(z, u0, sx0)), _mm512_permutexvar_ps(e8a, S), F[r]);
-                    F[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8(z, u1, sx1)), _mm512_permutexvar_ps(e8b, S), F[r]);
+                    F[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8(z, u0, sx0)), _mm512_permutexvar_ps(e8a, S), F[r][t]);
+                    F[r][2 + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8(z, u1, sx1)), _mm512_permutexvar_ps(e8b, S),
+                                                  F[r][2 + t]);
                 } else {
                     const __m512i i = dot_u8s8(dot_u8s8(_mm512_setzero_si512(), u0, x0), u1, x1);
-                    F[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(e4, S), F[r]);
+                    F[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(e4, S), F[r][t]);
                 }
             }
             o[r] = _mm_fmadd_ps(s1, _mm_loadu_ps(sx + b), o[r]);
@@ -490,9 +547,9 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
 #endif
     for (; b < NB; b += 2) gemv_pair(fmt, MR, w, n, b, xb, f, o);
     for (int r = 0; r < MR; r++) {
-        float sum = sum8(f[r]) + sum4(o[r]);
+        float sum = sum8(_mm256_add_ps(_mm256_add_ps(f[r][0], f[r][1]), _mm256_add_ps(f[r][2], f[r][3]))) + sum4(o[r]);
 #ifdef __AVX512F__
-        sum += _mm512_reduce_add_ps(F[r]);
+        sum += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(F[r][0], F[r][1]), _mm512_add_ps(F[r][2], F[r][3])));
 #endif
         float *out = y + (size_t)r * ldy + n;
         *out = acc ? *out + sum : sum;
@@ -500,6 +557,13 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
 }
 
 #define GEMV_ROWS(F)                                                                                  \
+    switch (mr) {                                                                                     \
+    case 1: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 1, w, c, xr, yr, ldy, acc); } break; \
+    case 2: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 2, w, c, xr, yr, ldy, acc); } break; \
+    case 3: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 3, w, c, xr, yr, ldy, acc); } break; \
+    default: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 4, w, c, xr, yr, ldy, acc); } break; \
+    }
+#define GEMV_BLOCK_ROWS(F)                                                                            \
     switch (mr) {                                                                                     \
     case 1: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 1, w, c, xr, yr, ldy, acc); } break; \
     default: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 2, w, c, xr, yr, ldy, acc); } break; \
@@ -531,9 +595,9 @@ static void mm_gemv_team(const sk_w *w, int M, const float *x, int ldx, uint8_t 
     case SK_Q6_K: GEMV_ROWS(SK_Q6_K); break;
 #undef COL
 #define COL gemv_block_col
-    case SK_Q4_1: GEMV_ROWS(SK_Q4_1); break;
-    case SK_Q4_0: GEMV_ROWS(SK_Q4_0); break;
-    default: GEMV_ROWS(SK_Q8_0); break;
+    case SK_Q4_1: GEMV_BLOCK_ROWS(SK_Q4_1); break;
+    case SK_Q4_0: GEMV_BLOCK_ROWS(SK_Q4_0); break;
+    default: GEMV_BLOCK_ROWS(SK_Q8_0); break;
 #undef COL
     }
 }

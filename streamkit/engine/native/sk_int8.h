@@ -28,7 +28,7 @@ INLINE int i8_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt =
 #define SK_I8_TWO 32 /* the i8_mask bit: activations as two int8 terms */
 
 /* one int8 term of the 32 values v into tile[g * 16] (g = 0..7: dword g holds values 4g..4g+3), its
- * scale and scale * sum; v <- what this term leaves (v - d * q), for a second term. The 1-2 row
+ * scale and scale * sum; v <- what this term leaves (v - d * q), for a second term. The few-row
  * path's quantizer (sk_gemv.h: amax_n, quant32) does the arithmetic; this only lays it out. */
 INLINE void i8_quant32(float *v, uint32_t *tile, float *d_out, float *ds_out) {
     const float amax = amax_n(v, 32);

@@ -96,7 +96,7 @@ static int use_i8(const sk_w *w, int M, int i8_min_rows) {
 
 /* y [M][ldy] (+)= x [M][ldx] . W^T by every thread of the team, then a barrier; xb: xb_elems(M, w->k).
  * Steps of at least i8_min_rows rows take the int8 path where the weight's format has one, else
- * from bf16_min_rows the bf16 path (0: never; both 0: all fp32, exact); with gemv, steps of 1-2 rows
+ * from bf16_min_rows the bf16 path (0: never; both 0: all fp32, exact); with gemv, steps of few rows
  * take the int8 path of few rows where sk_gemv.h's gemv_takes says so. */
 static void matmul_team(const sk_w *w, int M, const float *x, int ldx, float *y, int ldy, int acc, int bf16_min_rows,
                         int i8_min_rows, int i8_two, int gemv, uint32_t *xb, sk_team *t) {
@@ -488,7 +488,7 @@ static void forward_job(void *p, sk_team *t) {
  * and it attends to positions 0..pos[t] (its own included). Logits [R][vocab] for rows logit_rows,
  * on nt threads (0: all CPUs). Matmuls of at least bf16_min_rows rows run in bf16 (0: never), of at
  * least i8_min_rows in int8 where i8_mask has their bit (1 qkv, 2 o, 4 gate/up, 8 down, 16 LM head;
- * 32: activations as two int8 terms; 64: steps of 1-2 rows in int8 where sk_gemv.h takes them).
+ * 32: activations as two int8 terms; 64: steps of few rows in int8 where sk_gemv.h takes them).
  * Returns 0; -1 when scratch memory could not be allocated, -2 for a token id or position out of range. */
 SK_API int sk_forward(sk_model *m, int T, const int32_t *ids, const int32_t *pos, const int64_t *slots,
                       const int32_t *tok_seq, const int32_t *tables, int nb_stride, int R, const int32_t *logit_rows,
