@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Callable
 
-BENCH_TARGETS = ("engine", "asr", "dubbing", "serve", "video", "translate", "answers")
+BENCH_TARGETS = ("engine", "step", "asr", "dubbing", "serve", "video", "translate", "answers")
 
 
 class JsonFormatter(logging.Formatter):

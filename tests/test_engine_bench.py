@@ -1,10 +1,13 @@
 """`streamkit bench engine` runs ours end to end and prints its JSON (no peer here: transformers'
-side is exercised by tests/test_engine_hf.py; the numbers are in docs/engine.md)."""
+side is exercised by tests/test_engine_hf.py; the numbers are in docs/engine.md); `streamkit bench
+step` times one decode step on the few-row and fp32 paths."""
 
 from __future__ import annotations
 
 import json
 import statistics
+
+import pytest
 
 from streamkit.bench.engine import main
 
@@ -25,3 +28,22 @@ def test_bench_engine_json_reports_medians_of_its_runs(capsys):
     # prompts from the previous run
     assert result["prefix_hit_tokens_c3"] <= 2 * 16
     assert result["ratio_b1"] is None and result["peer_b16_tps"] is None  # no peer ran
+
+
+def test_bench_step_times_both_paths_at_each_row_count(capsys):
+    """`streamkit bench step`: every requested row count gets a few-row int8 time, an fp32 time and
+    their ratio (what the limits in sk_gemv.h are set from); a row count of 0 is refused."""
+    from streamkit.bench.step import main as step_main
+    from streamkit.engine import native
+
+    if native.resolve_isa() is None:
+        pytest.skip(f"no native kernels here: {native.error()}")
+    assert step_main(["--json", "--rows", "2,1", "--steps", "2", "--context", "40"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["context"] == 40 and result["native_path"]
+    for m in (1, 2):
+        few, fp32 = result[f"rows{m}_few_row_int8_ms"], result[f"rows{m}_fp32_ms"]
+        assert few > 0 and fp32 > 0
+        assert result[f"rows{m}_speedup"] == round(fp32 / few, 3)
+    with pytest.raises(SystemExit):
+        step_main(["--rows", "0"])
