@@ -308,27 +308,6 @@ def test_a_compiler_without_the_optional_flags_still_builds_the_path(monkeypatch
     assert len(built) == 1 and built[0].startswith("sk_kernels-avx2-"), built  # the failed try left nothing
 
 
-def test_q6_k_few_rows_without_avx512_vbmi_are_the_same_numbers(monkeypatch, tmp_path):
-    """The few-row Q6_K kernel unpacks with AVX512_VBMI byte permutes where the CPU has them, else
-    with the AVX-512 shuffles every path has: a build for a CPU without VBMI gives the same products."""
-    if native.missing("avx512") or "-mavx512vbmi" not in native.isa_flags("avx512"):
-        pytest.skip("needs a CPU with AVX-512 and AVX512_VBMI")
-    rng = np.random.default_rng(11)
-    w = _weight("Q6_K", 40, 768, rng)
-    x = torch.from_numpy(rng.standard_normal((3, 768)).astype(np.float32))
-    with_vbmi = _matmul(w, x, 0, isa="avx512", int8_mask=INT8_GEMV | INT8_TWO_TERMS)
-    flags = native.cores.cpu_flags()
-    monkeypatch.setattr(native.cores, "cpu_flags", lambda: frozenset(flags - {"avx512vbmi"}))
-    monkeypatch.setenv("STREAMKIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(native, "_libs", {})
-    monkeypatch.setattr(native, "_caps", {})
-    monkeypatch.setattr(native, "_errors", {})
-    assert "-mavx512vbmi" not in native.isa_flags("avx512")
-    without = _matmul(w, x, 0, isa="avx512", int8_mask=INT8_GEMV | INT8_TWO_TERMS)
-    assert torch.equal(with_vbmi, without)
-    assert not torch.equal(without, _matmul(w, x, 0, isa="avx512"))  # and it is the int8 path's
-
-
 def test_forcing_a_path_the_cpu_lacks_is_an_error(monkeypatch):
     monkeypatch.setenv("STREAMKIT_NATIVE_ISA", "sse2")
     with pytest.raises(ValueError, match="one of amx, avx512, avx2"):

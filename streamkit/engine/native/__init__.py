@@ -77,8 +77,6 @@ def isa_flags(isa: str, cpu: set[str] | None = None) -> list[str]:
         flags.append("-mavx512bf16")
     if "avx512_vnni" in cpu:  # the batched int8 path (avx512) and the few-rows one (both)
         flags.append("-mavx512vnni")
-    if "avx512vbmi" in cpu:  # byte permutes that unpack Q6_K in the few-rows path
-        flags.append("-mavx512vbmi")
     if isa == "amx":
         flags += ["-mamx-tile", "-mamx-bf16"]
     return flags

@@ -10,10 +10,11 @@ enum { SK_F32 = 0, SK_Q4_1 = 1, SK_Q8_0 = 2, SK_Q4_0 = 3, SK_Q4_K = 4, SK_Q6_K =
  * value i in the low nibble of byte i, value i + 16 in the high nibble); sc per super-block 24
  * bytes: float d, float dmin, uint8 scale[8], uint8 min[8] (the 6-bit pairs unpacked). A block's
  * values are (d * scale) * q - dmin * min, computed in fp32 as gguf's dequantize computes them.
- * SK_Q6_K: a GGUF Q6_K super-block as 8 blocks of 32 with 6-bit values 0..63 in natural order; qs 24
- * bytes a block: the low 4 bits as Q4_1's nibbles, then two uint32 holding the high 2 bits of
- * values 0..15 and 16..31 (value i at bits 2i); sc per super-block 24 bytes: float d, 4 unused bytes,
- * int8 scale[16] (one per 16 values). Values are (d * scale) * (q - 32), as in gguf.
+ * SK_Q6_K: a GGUF Q6_K super-block as 8 blocks of 32 with 6-bit values 0..63 in natural order; qs 48
+ * bytes a pair of blocks (A, B): A's low 4 bits as Q4_1's nibbles (16 bytes), B's, then 16 bytes h of
+ * high bit pairs, h[j] = A[j] | B[j] << 2 | A[16 + j] << 4 | B[16 + j] << 6, so one vector shift a
+ * lane puts a register of them at bits 4-5 (sk_gemv.h); sc per super-block 24 bytes: float d, 4
+ * unused bytes, int8 scale[16] (one per 16 values). Values are (d * scale) * (q - 32), as in gguf.
  * SK_Q5_K: a GGUF Q5_K super-block as 8 blocks of 32; qs 20 bytes a block: the low 4 bits as Q4_1's
  * nibbles, then a uint32 holding the fifth bit of value i at bit i; sc as SK_Q4_K. Values are
  * (d * scale) * q - dmin * min with q in 0..31, as in gguf.
@@ -105,17 +106,14 @@ INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, v16 *lo, v16 *hi) {
     } else if (fmt == SK_Q6_K) {
         const float *S = w->sc + 6 * (b >> 3);
         const int8_t *scale = (const int8_t *)(S + 2) + 2 * (b & 7);
-        const uint8_t *qb = w->qs + 24 * b;
-        uint32_t h[2];
-        memcpy(h, qb + 16, 8);
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qb));
-        const __m512i sh = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const uint8_t *pair = w->qs + 48 * (b >> 1);
+        const int sh = 2 * (int)(b & 1); /* B's pairs sit 2 bits above A's */
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(pair + 16 * (b & 1))));
+        const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(pair + 32)));
         const __m512i m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
         const __m512i ql = _mm512_and_si512(q, m4), qh = _mm512_srli_epi32(q, 4);
-        const __m512i vl = _mm512_or_si512(ql, _mm512_slli_epi32(
-                                                   _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)h[0]), sh), m2), 4));
-        const __m512i vh = _mm512_or_si512(qh, _mm512_slli_epi32(
-                                                   _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)h[1]), sh), m2), 4));
+        const __m512i vl = _mm512_or_si512(ql, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, sh), m2), 4));
+        const __m512i vh = _mm512_or_si512(qh, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4 + sh), m2), 4));
         *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(vl, off)), _mm512_set1_ps(S[0] * (float)scale[0]));
         *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(vh, off)), _mm512_set1_ps(S[0] * (float)scale[1]));
     } else if (fmt == SK_Q8_0) {
@@ -137,12 +135,11 @@ INLINE __m256 q4_8(__m256i q, int q4_0, __m256 s0, __m256 s1) {
     return _mm256_add_ps(_mm256_mul_ps(s0, _mm256_cvtepi32_ps(q)), s1);
 }
 
-/* 8 Q6_K values: the low nibbles (shift 0) or high nibbles (4) of 8 bytes, their high bit pairs from
- * bits 2i.. of h (i = first + lane) */
-INLINE __m256 q6_8(__m128i bytes8, int shift, uint32_t h, int first, float d) {
-    const __m256i sh = _mm256_add_epi32(_mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14), _mm256_set1_epi32(2 * first));
+/* 8 Q6_K values: the low nibbles (shift 0) or high nibbles (4) of 8 bytes, their high bit pairs at
+ * bits hshift.. of 8 bytes of h */
+INLINE __m256 q6_8(__m128i bytes8, int shift, __m128i h8, int hshift, float d) {
     const __m256i q = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(bytes8), shift), _mm256_set1_epi32(15));
-    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)h), sh), _mm256_set1_epi32(3));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(h8), hshift), _mm256_set1_epi32(3));
     const __m256i v = _mm256_sub_epi32(_mm256_or_si256(q, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d));
 }
@@ -202,15 +199,15 @@ INLINE void dq_block(int fmt, const sk_w *w, int n, int kb, v16 *lo, v16 *hi) {
     } else if (fmt == SK_Q6_K) {
         const float *S = w->sc + 6 * (b >> 3);
         const int8_t *scale = (const int8_t *)(S + 2) + 2 * (b & 7);
-        const uint8_t *qb = w->qs + 24 * b;
-        uint32_t h[2];
-        memcpy(h, qb + 16, 8);
-        const __m128i q = _mm_loadu_si128((const __m128i *)qb), q8 = _mm_srli_si128(q, 8);
+        const uint8_t *pair = w->qs + 48 * (b >> 1);
+        const int sh = 2 * (int)(b & 1); /* B's pairs sit 2 bits above A's */
+        const __m128i q = _mm_loadu_si128((const __m128i *)(pair + 16 * (b & 1))), q8 = _mm_srli_si128(q, 8);
+        const __m128i h = _mm_loadu_si128((const __m128i *)(pair + 32)), h8 = _mm_srli_si128(h, 8);
         const float d0 = S[0] * (float)scale[0], d1 = S[0] * (float)scale[1];
-        lo->a = q6_8(q, 0, h[0], 0, d0);
-        lo->b = q6_8(q8, 0, h[0], 8, d0);
-        hi->a = q6_8(q, 4, h[1], 0, d1);
-        hi->b = q6_8(q8, 4, h[1], 8, d1);
+        lo->a = q6_8(q, 0, h, sh, d0);
+        lo->b = q6_8(q8, 0, h8, sh, d0);
+        hi->a = q6_8(q, 4, h, 4 + sh, d1);
+        hi->b = q6_8(q8, 4, h8, 4 + sh, d1);
     } else if (fmt == SK_Q8_0) {
         const __m256 d = _mm256_set1_ps(w->sc[b]);
         const uint8_t *q = w->qs + 32 * b;

@@ -184,23 +184,6 @@ INLINE gvi gv_scales_i8(const int8_t *s, int g) {
     (void)g;
     return gv_dup16(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)s)));
 }
-/* Q6_K: the high 2 bits (at bit 4) of 16 values of each of G blocks, from their h words */
-INLINE gvi gv_q6_high(const uint32_t *h, int half) {
-    const int a = (int)h[half], b = (int)h[2 + half], c = (int)h[4 + half], d = (int)h[6 + half];
-    const gvi v = _mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d);
-    const gvi spread = _mm512_shuffle_epi8(v, _mm512_set4_epi32(0x03030303, 0x02020202, 0x01010101, 0));
-    const gvi f = _mm512_and_si512(spread, _mm512_set1_epi32((int)0xC0300C03u)); /* byte 4j + i: bits 2i of h's byte j */
-    const gvi lut = _mm512_set4_epi32(0x00000030, 0x00000020, 0x00000010, 0x30201000); /* the field to bits 4-5 */
-    return _mm512_or_si512(_mm512_shuffle_epi8(lut, _mm512_and_si512(f, gv_nib())),
-                           _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(f, 4), gv_nib())));
-}
-/* the 16-byte nibble arrays of G Q6_K blocks, 24 bytes apart */
-INLINE gvi gv_q6_nibbles(const uint8_t *q) {
-    gvi v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 24)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 48)), 2);
-    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 72)), 3);
-}
 #else
 typedef __m256i gvi;
 typedef __m256 gvf;
@@ -230,69 +213,37 @@ INLINE gvi gv_scales_i8(const int8_t *s, int g) {
     memcpy(&v, s + 4 * g, 4);
     return gv_dup16(_mm256_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
 }
-/* from h8, each lane holding its block's 8 high bytes (word 0: values 0-15, word 1: 16-31) */
-INLINE gvi gv_q6_high8(gvi h8, int half) {
-    const int o = 4 * half;
-    const gvi spread = _mm256_shuffle_epi8(h8, _mm256_setr_epi8(o, o, o, o, o + 1, o + 1, o + 1, o + 1, o + 2, o + 2, o + 2,
-                                                                o + 2, o + 3, o + 3, o + 3, o + 3, o, o, o, o, o + 1, o + 1,
-                                                                o + 1, o + 1, o + 2, o + 2, o + 2, o + 2, o + 3, o + 3,
-                                                                o + 3, o + 3));
-    const gvi f = _mm256_and_si256(spread, _mm256_set1_epi32((int)0xC0300C03u));
-    const gvi lut = _mm256_setr_epi8(0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0,
-                                     0, 16, 32, 48, 16, 0, 0, 0, 32, 0, 0, 0, 48, 0, 0, 0);
-    return _mm256_or_si256(_mm256_shuffle_epi8(lut, _mm256_and_si256(f, gv_nib())),
-                           _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(f, 4), gv_nib())));
-}
-INLINE gvi gv_q6_nibbles(const uint8_t *q) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q)),
-                                   _mm_loadu_si128((const __m128i *)(q + 24)), 1);
-}
 #endif
 
-/* the 6-bit values of G Q6_K blocks at q (24 bytes each: 16 nibble bytes, then the high bit pairs
- * of values 0-15 and of 16-31 as two uint32): values 0-15 of each block in lo, 16-31 in hi */
-#if defined(__AVX512F__) && defined(__AVX512VBMI__)
-/* With AVX512_VBMI one byte permute over the group's 96 bytes gathers the nibbles, another puts
- * each block's 8 high bytes into both qwords of its lane, and vpmultishiftqb moves every value's
- * bit pair to bits 4-5 of its byte: a third of the instructions of the version below, which made
- * Q6_K matmuls compute-bound at 1 row (1.5B down projection 25 vs Q4_K's 48 GB/s). */
-#define Q6_NIB(i) (24 * ((i) / 16) + (i) % 16 < 64 ? 24 * ((i) / 16) + (i) % 16 : 24 * ((i) / 16) + (i) % 16 + 32)
-#define Q6_HIGH(i) (24 * ((i) / 16) + 16 + (i) % 8 < 64 ? 24 * ((i) / 16) + 16 + (i) % 8 : 24 * ((i) / 16) + 16 + (i) % 8 + 32)
-#define Q6_SHIFT(i, base) (((base) + 2 * ((i) % 16) - 4) & 63) /* value (i % 16)'s pair lands at bits 4-5 */
-#define Q6_8(M, i, ...) M(i, ##__VA_ARGS__), M(i + 1, ##__VA_ARGS__), M(i + 2, ##__VA_ARGS__), M(i + 3, ##__VA_ARGS__), \
-    M(i + 4, ##__VA_ARGS__), M(i + 5, ##__VA_ARGS__), M(i + 6, ##__VA_ARGS__), M(i + 7, ##__VA_ARGS__)
-#define Q6_64(M, ...) Q6_8(M, 0, ##__VA_ARGS__), Q6_8(M, 8, ##__VA_ARGS__), Q6_8(M, 16, ##__VA_ARGS__), \
-    Q6_8(M, 24, ##__VA_ARGS__), Q6_8(M, 32, ##__VA_ARGS__), Q6_8(M, 40, ##__VA_ARGS__), Q6_8(M, 48, ##__VA_ARGS__), \
-    Q6_8(M, 56, ##__VA_ARGS__)
-static const uint8_t q6_nib_idx[64] __attribute__((aligned(64))) = {Q6_64(Q6_NIB)};
-static const uint8_t q6_high_idx[64] __attribute__((aligned(64))) = {Q6_64(Q6_HIGH)};
-static const uint8_t q6_lo_shift[64] __attribute__((aligned(64))) = {Q6_64(Q6_SHIFT, 0)};
-static const uint8_t q6_hi_shift[64] __attribute__((aligned(64))) = {Q6_64(Q6_SHIFT, 32)};
+/* the 6-bit values of G Q6_K blocks at q (G / 2 pairs of 48 bytes, sk_dequant.h's SK_Q6_K): values
+ * 0-15 of each block in lo, 16-31 in hi. A lane of lo or hi is one block's half; its bytes' high bit
+ * pairs sit at bits 0-1 (A's values 0-15), 2-3 (B's), 4-5 (A's 16-31) or 6-7 (B's) of the pair's h,
+ * broadcast to both lanes of that pair, so one variable shift per lane and a mask put them at
+ * bits 4-5. (They were two uint32 per block, spread by scalar loads and byte shuffles: at 1 row the
+ * 1.5B's Q6_K down projection ran at 25 GB/s against Q4_K's 48.) */
+#ifdef __AVX512F__
 INLINE void gv_q6_values(const uint8_t *q, gvi *lo, gvi *hi) {
-    const __m512i a = _mm512_loadu_si512((const void *)q), b = _mm512_loadu_si512((const void *)(q + 32));
-    const __m512i v = _mm512_permutex2var_epi8(a, _mm512_load_si512((const void *)q6_nib_idx), b);
-    const __m512i h = _mm512_permutex2var_epi8(a, _mm512_load_si512((const void *)q6_high_idx), b);
-    const __m512i m4 = gv_nib(), m30 = _mm512_set1_epi8(0x30);
-    *lo = _mm512_or_si512(_mm512_and_si512(v, m4),
-                          _mm512_and_si512(_mm512_multishift_epi64_epi8(_mm512_load_si512((const void *)q6_lo_shift), h), m30));
-    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-                          _mm512_and_si512(_mm512_multishift_epi64_epi8(_mm512_load_si512((const void *)q6_hi_shift), h), m30));
-}
-#elif !defined(__AVX512F__)
-INLINE void gv_q6_values(const uint8_t *q, gvi *lo, gvi *hi) {
-    const gvi v = gv_q6_nibbles(q);
-    const gvi h8 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(q + 16))),
-                                           _mm_loadl_epi64((const __m128i *)(q + 40)), 1);
-    *lo = gv_or(gv_and(v, gv_nib()), gv_q6_high8(h8, 0));
-    *hi = gv_or(gv_and(gv_srli16(v, 4), gv_nib()), gv_q6_high8(h8, 1));
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q)),
+                                         _mm256_loadu_si256((const __m256i *)(q + 48)), 1);
+    const __m512i h = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + 32)))),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + 80))), 1);
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    const __m512i up = _mm512_set_epi32(2, 2, 2, 2, 4, 4, 4, 4, 2, 2, 2, 2, 4, 4, 4, 4);
+    const __m512i down = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
+    *lo = _mm512_or_si512(_mm512_and_si512(v, gv_nib()), _mm512_and_si512(_mm512_sllv_epi32(h, up), m30));
+    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), gv_nib()),
+                          _mm512_and_si512(_mm512_srlv_epi32(h, down), m30));
 }
 #else
 INLINE void gv_q6_values(const uint8_t *q, gvi *lo, gvi *hi) {
-    uint32_t h[8];
-    for (int b = 0; b < SK_GEMV_G; b++) memcpy(h + 2 * b, q + 24 * b + 16, 8);
-    const gvi v = gv_q6_nibbles(q);
-    *lo = gv_or(gv_and(v, gv_nib()), gv_q6_high(h, 0));
-    *hi = gv_or(gv_and(gv_srli16(v, 4), gv_nib()), gv_q6_high(h, 1));
+    const __m256i v = _mm256_loadu_si256((const __m256i *)q);
+    const __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + 32)));
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    *lo = _mm256_or_si256(_mm256_and_si256(v, gv_nib()),
+                          _mm256_and_si256(_mm256_sllv_epi32(h, _mm256_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2)), m30));
+    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), gv_nib()),
+                          _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)), m30));
 }
 #endif
 

@@ -73,18 +73,19 @@ def _q5_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _q6_k_blocks(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, f16 d) in the
-    kernels' SK_Q6_K layout (sk_kernels.c): per 32 values 16 nibble bytes in Q4_1's order and two
-    uint32 of high bit pairs; per super-block float32 d and the int8 scales (24 bytes)."""
+    kernels' SK_Q6_K layout (sk_dequant.h): per pair of blocks of 32 values (A, B), A's 16 nibble
+    bytes and B's in Q4_1's order, then 16 bytes h with h[j] = A[j] | B[j] << 2 | A[16 + j] << 4 |
+    B[16 + j] << 6 (the values' high bit pairs); per super-block float32 d and the int8 scales (24 bytes)."""
     n = data.shape[0]
     flat = data.reshape(-1, 210)
     nsb = flat.shape[0] // n
     ql = flat[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
     qh = flat[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
-    q = ((ql & 0x0F).reshape(-1, 256) | ((qh & 0x03).reshape(-1, 256) << 4)).reshape(-1, 32)
-    nib = (q[:, :16] & 0x0F) | ((q[:, 16:] & 0x0F) << 4)
-    bits = (q >> 4).astype(np.uint32).reshape(-1, 2, 16) << (2 * np.arange(16, dtype=np.uint32))
-    high = np.bitwise_or.reduce(bits, axis=-1).astype("<u4").view(np.uint8)  # [blocks, 8]
-    qs = np.concatenate([nib.astype(np.uint8), high], -1).reshape(n, nsb * 8, 24)
+    q = ((ql & 0x0F).reshape(-1, 256) | ((qh & 0x03).reshape(-1, 256) << 4)).reshape(-1, 2, 32)  # [pairs, A/B, 32]
+    nib = ((q[..., :16] & 0x0F) | ((q[..., 16:] & 0x0F) << 4)).reshape(-1, 32)
+    top = q >> 4
+    high = top[:, 0, :16] | (top[:, 1, :16] << 2) | (top[:, 0, 16:] << 4) | (top[:, 1, 16:] << 6)
+    qs = np.concatenate([nib.astype(np.uint8), high.astype(np.uint8)], -1).reshape(n, nsb * 8, 24)
     head = np.zeros((flat.shape[0], 2), np.float32)
     head[:, 0] = _f16(flat, 208)
     scales = np.concatenate([head.view(np.uint8), flat[:, 192:208]], -1)
