@@ -23,11 +23,10 @@ def log(msg: str) -> None:
     print(f"[bench step] {msg}", file=sys.stderr, flush=True)
 
 
-def _decode_batch(rows: int, context: int, block_size: int):
-    """`rows` sequences, each decoding the token at position context - 1, in their own blocks."""
+def _decode_batch(rows: int, context: int, block_size: int, per_seq: int):
+    """`rows` sequences, each decoding the token at position context - 1, in its own per_seq blocks."""
     from streamkit.engine.model import StepBatch
 
-    per_seq = (context + block_size - 1) // block_size
     tables = torch.stack([torch.arange(1 + r * per_seq, 1 + (r + 1) * per_seq) for r in range(rows)])
     pos = context - 1
     return StepBatch(ids=torch.randint(0, 1000, (rows,)), positions=torch.full((rows,), pos),
@@ -76,7 +75,7 @@ def main(argv: list[str]) -> int:
     result: dict = {"model": path.rsplit("/", 1)[-1], "cpu": cpu_name(), "native_path": native.describe(model.isa),
                     "threads": torch.get_num_threads(), "context": a.context, "steps": a.steps}
     for m in rows:
-        batch = _decode_batch(m, a.context, block_size)
+        batch = _decode_batch(m, a.context, block_size, per_seq)
         times: dict[str, list[float]] = {k: [] for k in masks}
         for i in range(a.steps + 3):  # the first 3 of each warm up
             for name, mask in masks.items():  # alternate, so both paths see the same machine

@@ -4,8 +4,9 @@ One library per instruction-set path, each compiled with explicit -m flags (-mtu
 tunes), at run time (like Triton or torch's cpp extensions), not at install time:
   amx     AVX-512 + AVX512_BF16 + AMX tiles: batched steps multiply bf16 strips on AMX (Intel
           Sapphire Rapids and later);
-  avx512  AVX-512 without AMX: batched steps use vdpbf16ps where the CPU has AVX512_BF16 (AMD Zen
-          4/5, Cooper Lake), else fp32 FMAs over strips dequantized once per step;
+  avx512  AVX-512 without AMX: batched steps in int8 (vpdpbusd, two-term activations) where the CPU
+          has AVX512_VNNI, else vdpbf16ps where it has AVX512_BF16 (AMD Zen 4/5, Cooper Lake), else
+          fp32 FMAs over strips dequantized once per step;
   avx2    AVX2 + FMA + F16C, no AVX-512 instruction anywhere (most laptops, many CI runners):
           batched steps in int8 with vpdpbusd on ymm where the CPU has AVX-VNNI (Intel client
           cores since Alder Lake), else fp32 FMAs over strips dequantized once per step.

@@ -40,7 +40,7 @@ DPBF16_MIN_ROWS = 12
 # strips on every matmul of a layer (Zen 5, 1 thread, 8 rows: gate+up 152 vs 412 us; at 6 rows
 # they tie and the fp32 down projection is faster, 73 vs 90 us).
 DPBF16_MIN_ROWS_AMD = 8
-# The int8 path (the avx512 path where the CPU has AVX512_VNNI; sk_int8.h): activations quantized
+# The int8 path (avx512 where the CPU has AVX512_VNNI, avx2 where it has AVX-VNNI; sk_int8.h): activations quantized
 # to int8 per block of 32 values. One term (llama.cpp's scheme): 2.7x the fp32 strips at 16 rows
 # here (gate+up, 1 thread: 221 vs 628 us) but it fails the greedy-agreement gate (72 of 91 steps
 # of the test prompts; docs/engine.md). Two terms (the second quantizes what the first left, ~15

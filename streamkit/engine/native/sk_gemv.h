@@ -1,7 +1,7 @@
 /* The int8 path of steps with few rows (decode at batch 1-4, speculative verifies) on K-quant weights
  * (Q4_K, Q6_K: 1-4 rows), and of 1-2 rows on the formats with a scale per block (Q4_1, Q4_0, Q8_0;
- * second half of this file), on every
- * instruction set the kernels build for (AVX2 is enough; AVX-512 VNNI fuses a step).
+ * second half of this file), on every instruction set the kernels build for (AVX2 is enough;
+ * AVX-512 VNNI fuses a step).
  *
  * llama.cpp's scheme for these formats: activations quantized per super-block of 256 values, the
  * weights' 4- or 6-bit integers multiplied with them in int16 pairs (vpmaddubsw), the super-block's
@@ -507,17 +507,19 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
     }
 }
 
-#define GEMV_ROWS(F)                                                                                  \
-    switch (mr) {                                                                                     \
-    case 1: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 1, w, c, xr, yr, ldy, acc); } break; \
-    case 2: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 2, w, c, xr, yr, ldy, acc); } break; \
-    case 3: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 3, w, c, xr, yr, ldy, acc); } break; \
-    default: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 4, w, c, xr, yr, ldy, acc); } break; \
+/* this thread's columns, MR (a constant) rows each: one instantiation of COL per row count */
+#define GEMV_COLS(F, MR) for (int c = c0; c < c1; c++) { pf(w, c); COL(F, MR, w, c, xr, yr, ldy, acc); }
+#define GEMV_ROWS(F)                                                                                         \
+    switch (mr) {                                                                                            \
+    case 1: GEMV_COLS(F, 1) break;                                                                           \
+    case 2: GEMV_COLS(F, 2) break;                                                                           \
+    case 3: GEMV_COLS(F, 3) break;                                                                           \
+    default: GEMV_COLS(F, 4) break;                                                                          \
     }
-#define GEMV_BLOCK_ROWS(F)                                                                            \
-    switch (mr) {                                                                                     \
-    case 1: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 1, w, c, xr, yr, ldy, acc); } break; \
-    default: for (int c = c0; c < c1; c++) { pf(w, c); COL(F, 2, w, c, xr, yr, ldy, acc); } break; \
+#define GEMV_BLOCK_ROWS(F) /* up to SK_GEMV_BLOCK_ROWS */                                                    \
+    switch (mr) {                                                                                            \
+    case 1: GEMV_COLS(F, 1) break;                                                                           \
+    default: GEMV_COLS(F, 2) break;                                                                          \
     }
 
 /* the rows SK_PREFETCH_AHEAD bytes down this thread's weight stream */
