@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check for the decode engine (target: < 8 minutes on one H200).
-#   1. Triton paged attention vs torch reference; CUDA-graph greedy == eager greedy.
+#   1. Triton paged attention vs torch reference; CUDA-graph greedy == eager greedy; speculative
+#      (n-gram) greedy == plain greedy in fp32, and mostly in bf16 with graphs.
 #   2. Where a decode step's time goes: graph replay vs eager vs the engine's whole step, per batch.
 #   3. The engine benchmark on CUDA, JSON on the last line.
 # Usage: scripts/gpu_check.sh            (from the repo root, venv active or .venv present)
@@ -15,7 +16,7 @@ PY=${PYTHON:-python}
 export PYTHONUNBUFFERED=1
 echo "== nvidia-smi"; nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
-echo "== self-test (graphs vs eager, triton kernel)"
+echo "== self-test (triton kernel, graphs vs eager, speculative vs plain)"
 timeout 240 $PY -m streamkit.engine.gpu_selftest; st=$?
 echo "== step profile (replay, eager, engine step per batch size)"
 timeout 150 $PY -m streamkit.engine.gpu_profile; pt=$?

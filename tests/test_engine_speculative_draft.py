@@ -20,6 +20,7 @@ from streamkit.engine.model_store import (
     ensure_model,
     installed,
 )
+from streamkit.engine.spec_policy import SpeculationPolicy
 from streamkit.engine.speculative import verify
 
 PROMPTS = ["Repeat this sentence exactly three times: the quick brown fox jumps over the lazy dog.",
@@ -91,7 +92,7 @@ def test_check_vocabulary_names_what_differs():
 def test_self_draft_greedy_is_plain_decoding_and_fully_accepted(weights):
     plain = Engine(default_model_path(), "cpu", weights=weights, kv_cache_tokens=4096)
     spec = Engine(default_model_path(), "cpu", weights=weights, kv_cache_tokens=4096, speculative="draft",
-                  draft_model=SMOLLM, spec_k=3)
+                  spec_adaptive=False, draft_model=SMOLLM, spec_k=3)
     try:
         expected = _generate(plain, PROMPTS)
         assert _generate(spec, PROMPTS) == expected  # one at a time
@@ -113,7 +114,7 @@ def test_self_draft_sampling_accepts_every_draft_token_and_is_seeded():
     """q is recorded: with the target as its own draft q == p, so min(1, p/q) accepts everything (a
     draft treated as deterministic would be accepted with probability p(d) only)."""
     spec = Engine(default_model_path(), "cpu", weights="native-fp32", kv_cache_tokens=4096, speculative="draft",
-                  draft_model=SMOLLM, spec_k=4)
+                  spec_adaptive=False, draft_model=SMOLLM, spec_k=4)
     try:
         params = SamplingParams(max_tokens=32, temperature=0.9, top_p=0.95, seed=11)
         a = _generate(spec, PROMPTS[:2], params, concurrent=True)
@@ -126,12 +127,36 @@ def test_self_draft_sampling_accepts_every_draft_token_and_is_seeded():
 
 
 @needs_smollm
+@pytest.mark.parametrize("speculative", ["draft", "ngram"])
+def test_switching_between_drafting_and_plain_steps_keeps_plain_greedy_output(speculative):
+    """The adaptive policy turns drafting off and on between steps (here every step or two, whatever
+    the timings): the draft model then catches up over the tokens decoded plainly meanwhile, and
+    greedy output stays the plain engine's, one stream at a time and batched."""
+    kw = {"weights": "native-fp32", "kv_cache_tokens": 4096}
+    plain = Engine(default_model_path(), "cpu", **kw)
+    spec = Engine(default_model_path(), "cpu", speculative=speculative, spec_k=3,
+                  draft_model=SMOLLM if speculative == "draft" else None, **kw)
+    try:
+        spec.load().spec_policy = SpeculationPolicy(burst=2, explore_every=1)
+        expected = _generate(plain, PROMPTS)
+        assert _generate(spec, PROMPTS) == expected
+        assert _generate(spec, PROMPTS, concurrent=True) == expected
+        st = spec.stats()
+        assert st["spec_adaptive"] and st["spec_drafted_steps"] > 10 and st["spec_plain_steps"] > 10
+        assert st["spec_accepted_tokens"] > 0
+        assert {"1", "4"} <= set(st["spec_policy"])  # one stream, then four at once
+    finally:
+        plain.close()
+        spec.close()
+
+
+@needs_smollm
 def test_draft_with_preemption_in_a_small_pool_stays_plain_decoding():
     """Five streams in a 12-block pool: the target preempts and recomputes, the draft's pool (as
     many blocks) gives back and retakes blocks; greedy output stays the plain engine's."""
     kw = {"weights": "native-fp32", "kv_cache_tokens": 12 * 16, "max_num_seqs": 5}
     plain = Engine(default_model_path(), "cpu", **kw)
-    spec = Engine(default_model_path(), "cpu", speculative="draft", draft_model=SMOLLM, **kw)
+    spec = Engine(default_model_path(), "cpu", speculative="draft", spec_adaptive=False, draft_model=SMOLLM, **kw)
     prompts = [f"Count from {i} to {i + 30}, one number per line." for i in range(5)]
     try:
         expected = _generate(plain, prompts, max_tokens=48)
@@ -154,7 +179,7 @@ def test_a_prompt_longer_than_the_step_budget_catches_the_draft_up_over_several_
     text = " ".join(f"Item {i} is a {'red' if i % 2 else 'blue'} box." for i in range(30))
     prompts = [f"{text} Which items are red?", f"{text} Summarise the list."]
     plain = Engine(default_model_path(), "cpu", **kw)
-    spec = Engine(default_model_path(), "cpu", speculative="draft", draft_model=SMOLLM, **kw)
+    spec = Engine(default_model_path(), "cpu", speculative="draft", spec_adaptive=False, draft_model=SMOLLM, **kw)
     try:
         expected = _generate(plain, prompts, max_tokens=24)
         assert _generate(spec, prompts, concurrent=True, max_tokens=24) == expected
@@ -196,7 +221,7 @@ def test_qwen_1_5b_with_its_0_5b_draft_is_plain_greedy_decoding(weights, spec_k)
     texts = [en for en, _ in load_pairs()[:4]]
     kw = {"weights": weights, "kv_cache_tokens": 4096}
     plain = Engine("qwen2.5-coder-1.5b", "cpu", **kw)
-    spec = Engine("qwen2.5-coder-1.5b", "cpu", speculative="draft", spec_k=spec_k, **kw)
+    spec = Engine("qwen2.5-coder-1.5b", "cpu", speculative="draft", spec_adaptive=False, spec_k=spec_k, **kw)
     params = SamplingParams(max_tokens=32)
 
     def run(eng, concurrent=False):

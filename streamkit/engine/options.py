@@ -1,6 +1,6 @@
 """An engine's settings, resolved in one place: what the caller passed, else the environment
 (STREAMKIT_ENGINE_THREADS, STREAMKIT_KV_TOKENS, STREAMKIT_PREFIX_CACHING, STREAMKIT_SPECULATIVE,
-STREAMKIT_SPEC_K, STREAMKIT_DRAFT_MODEL, STREAMKIT_DRAFT_STOP_P, STREAMKIT_DRAFT_Q4,
+STREAMKIT_SPEC_K, STREAMKIT_SPEC_ADAPTIVE, STREAMKIT_DRAFT_MODEL, STREAMKIT_DRAFT_STOP_P, STREAMKIT_DRAFT_Q4,
 STREAMKIT_NATIVE_ISA), else the device's default. The KV cache size left unset here is derived from
 the model and the free memory once the model is loaded (EngineCore)."""
 from __future__ import annotations
@@ -33,6 +33,7 @@ class EngineOptions:
     prefix_caching: bool
     speculative: str | None  # "ngram", "draft" or None
     spec_k: int
+    spec_adaptive: bool  # draft only where it has measured faster than plain decoding (spec_policy.py)
     draft_model: str | None  # speculative="draft": a packaged model's name or a GGUF path
     draft_stop_p: float  # a draft stops at a token it gave less than this probability (0: always k)
     draft_q4: bool  # `native` drafts re-quantized to Q4_0 at load, one-term int8 activations (draft.py)
@@ -58,8 +59,8 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
                     max_model_len: int | None = None, cuda_graphs: bool | str | None = None,
                     attn_backend: str | None = None, threads: int | None = None, kv_dtype: str | None = None,
                     prefix_caching: bool | None = None, speculative: str | None = None,
-                    spec_k: int | None = None, draft_model: str | None = None,
-                    draft_stop_p: float | None = None, draft_q4: bool | None = None,
+                    spec_k: int | None = None, spec_adaptive: bool | None = None,
+                    draft_model: str | None = None, draft_stop_p: float | None = None, draft_q4: bool | None = None,
                     native_isa: str | None = None, urgent_pause_s: float | None = None) -> EngineOptions:
     cuda = device.type == "cuda"
     speculative = speculative if speculative is not None else (os.environ.get("STREAMKIT_SPECULATIVE") or None)
@@ -90,6 +91,8 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
         prefix_caching=prefix_caching if prefix_caching is not None else _env_int("STREAMKIT_PREFIX_CACHING", 1) != 0,
         speculative=speculative,
         spec_k=spec_k or _env_int("STREAMKIT_SPEC_K", DEFAULT_SPEC_K.get(speculative or "ngram", 4)),
+        spec_adaptive=(spec_adaptive if spec_adaptive is not None
+                       else _env_int("STREAMKIT_SPEC_ADAPTIVE", 1) != 0),
         draft_model=draft_model if speculative == "draft" else None,
         draft_stop_p=(draft_stop_p if draft_stop_p is not None
                       else float(os.environ.get("STREAMKIT_DRAFT_STOP_P", DEFAULT_DRAFT_STOP_P))),
