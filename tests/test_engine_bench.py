@@ -4,6 +4,7 @@ step` times one decode step on the few-row and fp32 paths."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 
@@ -47,3 +48,17 @@ def test_bench_step_times_both_paths_at_each_row_count(capsys):
         assert result[f"rows{m}_speedup"] == round(fp32 / few, 3)
     with pytest.raises(SystemExit):
         step_main(["--rows", "0"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is None, reason="xllamacpp (the bench extra) not installed")
+def test_bench_engine_pairs_rounds_of_ours_and_llamacpp(capsys):
+    """`--paired-rounds 2`: two rounds of ours then llama.cpp back to back, each round's ratios
+    reported, and their median as the figure."""
+    assert main(["--json", "--no-transformers", "--tokens", "8", "--concurrency", "1,16", "--greedy-prompts", "0",
+                 "--paired-rounds", "2"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["llamacpp_b1_tps"] > 0 and result["ratio_llamacpp_b1"] > 0
+    for key in ("b1", "c16"):
+        runs = result[f"paired_ratio_llamacpp_{key}_runs"]
+        assert len(runs) == 2 and all(r > 0 for r in runs)
+        assert result[f"paired_ratio_llamacpp_{key}"] == statistics.median(runs)

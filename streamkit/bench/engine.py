@@ -75,6 +75,34 @@ async def _concurrent(eng, prompt_ids, c, n, sp_cls):
     return total / wall, ttft
 
 
+def paired_llamacpp(model_path: str, device: str, opts: dict, prompt_ids, n_tokens: int, spec: dict,
+                    rounds: int) -> dict:
+    """Ratios to llama.cpp from rounds of ours (batch 1, median of 5 streams; 16 streams, one run)
+    and then llama.cpp (its own process), back to back: on a host whose speed drifts over minutes,
+    each round's ratio compares the same minutes, and the median of the rounds is the figure to
+    read. The main figures above compare ours with a llama.cpp run minutes later."""
+    from streamkit.engine import Engine
+
+    eng = Engine(model_path, device, **opts)
+    eng.load()
+    b1, c16 = [], []
+    try:
+        for r in range(rounds):
+            ours = bench_ours(eng, prompt_ids, n_tokens, [16], n_b1=5, repeats=1)
+            peer = run_peer(spec, timeout=900, flag="--llamacpp-spec", name="llamacpp")
+            if peer.get("llamacpp_b1_tps") and peer.get("llamacpp_c16_tps"):
+                b1.append(round(ours["ours_b1_tps"] / peer["llamacpp_b1_tps"], 2))
+                c16.append(round(ours["ours_c16_tps"] / peer["llamacpp_c16_tps"], 2))
+            log(f"paired round {r + 1}/{rounds}: ratio b1 {b1[-1] if b1 else None}, "
+                f"16 streams {c16[-1] if c16 else None}")
+    finally:
+        eng.close()
+    if not b1:
+        return {}
+    return {"paired_ratio_llamacpp_b1": statistics.median(b1), "paired_ratio_llamacpp_b1_runs": b1,
+            "paired_ratio_llamacpp_c16": statistics.median(c16), "paired_ratio_llamacpp_c16_runs": c16}
+
+
 def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1, repeats=3):
     """Each measurement starts from an empty prefix cache (as the peer, which recomputes every
     prompt), so only prompts running at the same time can share blocks (the chat template's system
@@ -177,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-transformers", action="store_true",
                     help="skip the transformers peer (llama.cpp still runs); the timed build's greedy output "
                          "is then compared with our fp32 build's (greedy_match_timed_vs_fp32)")
+    ap.add_argument("--paired-rounds", type=int, default=None,
+                    help="rounds of ours then llama.cpp back to back, each giving its own ratios (default 3; "
+                         "0 with --quick)")
     ap.add_argument("--peer-spec", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--llamacpp-spec", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -294,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
                 res["ratio_llamacpp_b1"] = round(res["ours_b1_tps"] / res["llamacpp_b1_tps"], 2)
             if res.get("llamacpp_c16_tps") and "ours_c16_tps" in res:
                 res["ratio_llamacpp_c16"] = round(res["ours_c16_tps"] / res["llamacpp_c16_tps"], 2)
+            rounds = a.paired_rounds if a.paired_rounds is not None else (0 if a.quick else 3)
+            if rounds and res.get("llamacpp_b1_tps"):
+                res.update(paired_llamacpp(model_path, device, opts, prompt_ids, n_tokens, spec, rounds))
         else:
             res["llamacpp_error"] = "xllamacpp is not installed (pip install 'streamkit[bench]')"
         if peer_greedy is not None:
@@ -318,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             "peer_b16_tps", "ratio_b16", "greedy_match", "greedy_match_timed_build", "greedy_match_timed_vs_fp32",
             "ttft_ms_p50",
             "bandwidth_gbs_measured", "roofline_b1_tps", "roofline_fraction", "llamacpp_b1_tps", "ratio_llamacpp_b1",
-            "llamacpp_c16_tps", "ratio_llamacpp_c16", "load_avg_start", "load_avg_end"]
+            "llamacpp_c16_tps", "ratio_llamacpp_c16", "paired_ratio_llamacpp_b1_runs", "paired_ratio_llamacpp_c16_runs",
+            "load_avg_start", "load_avg_end"]
     for k in keys:
         print(f"{k:>20}: {res.get(k)}")
     for c in conc:
