@@ -272,6 +272,7 @@ def main(argv: list[str]) -> int:
     if "apertium" in systems:
         log("apertium ...")
         runs.append(run_apertium(pairs))
+    policies = ("adaptive", "always") if args.spec_policy == "both" else (args.spec_policy,)
     llms: list = []
     try:
         if "smollm2" in systems:
@@ -288,7 +289,7 @@ def main(argv: list[str]) -> int:
             log("loading ours: Qwen2.5-Coder-1.5B ...")
             llms.append(Ours(PLAIN_NAME, qwen, args.weights, args.repetition_penalty))
         if args.speculative:
-            for policy in (("adaptive", "always") if args.spec_policy == "both" else (args.spec_policy,)):
+            for policy in policies:
                 log(f"loading ours: Qwen2.5-Coder-1.5B, speculative {args.speculative} ({policy}) ...")
                 llms.append(Ours(spec_name(args.speculative, policy), qwen, args.weights, args.repetition_penalty,
                                  speculative=args.speculative, spec_k=args.spec_k, draft_model=args.draft_model,
@@ -309,9 +310,8 @@ def main(argv: list[str]) -> int:
     result["runs"] = runs
     by = {r["system"]: r for r in runs}
     ours, peer = by.get(PLAIN_NAME), by.get(LlamaCpp.name)
-    specs = [(f"speculative_{policy}_" if args.spec_policy == "both" else "speculative_", by.get(spec_name(
-        args.speculative, policy))) for policy in ("adaptive", "always") if args.speculative
-        and args.spec_policy in (policy, "both")]
+    specs = [(f"speculative_{p}_" if len(policies) > 1 else "speculative_", by.get(spec_name(args.speculative, p)))
+             for p in policies] if args.speculative else []
     for key, mine in [("", ours)] + specs:
         if mine and peer and peer.get("decode_tok_s_64"):
             result[f"{key}decode_ratio_vs_llamacpp"] = round(mine["decode_tok_s_64"] / peer["decode_tok_s_64"], 3)
