@@ -1,6 +1,6 @@
 """The adaptive speculation policy (engine/spec_policy.py): measured bursts of both ways, then the
-cheaper one per batch bucket, re-measuring the other way every `explore_every` steps; the draft's
-catch-up steps count in its cost; the option and its environment variable."""
+cheaper one per batch bucket, re-measuring the other way every `explore_every` steps;
+uneven steps count by their summed seconds and tokens; the option and its environment variable."""
 import pytest
 import torch
 
@@ -41,9 +41,9 @@ def test_follows_a_change_in_what_is_cheaper():
     assert p.stats()["spec_policy"]["1"]["drafting"] is False
 
 
-def test_a_drafts_catch_up_steps_count_in_its_cost():
-    """One-sentence answers: a costly catch-up step (the draft over the new prompt) then a few cheap
-    rounds per sentence. Per step the rounds look cheaper than plain steps; summed, drafting is not,
+def test_uneven_steps_count_by_summed_seconds_and_tokens():
+    """A costly drafting step now and then (a round whose drafts were rejected: long, one token)
+    among cheaper ones: per step the rounds look cheaper than plain steps; summed, drafting is not,
     so the policy decodes plainly (ratio of summed seconds and tokens, not a mean of ratios)."""
     p = SpeculationPolicy(burst=12, explore_every=1000, decay=0.05)
     sentence = [(0.080, 2)] + [(0.046, 2)] * 4  # 264 ms for 10 tokens: 26.4 ms a token

@@ -259,10 +259,12 @@ class EngineCore:
             self._urgent_owed_until = time.monotonic() + waited
 
     # ---------------------------------------------------------------- one step
-    def _propose(self) -> tuple[int, bool]:
+    def _propose(self) -> tuple[int, bool, bool]:
         """Append a draft to every running sequence about to decode one token (n-gram lookup or
         the draft model, batched over the sequences), unless the policy says plain decoding is
-        cheaper now. Returns (how many sequences decode this step, whether they drafted)."""
+        cheaper now. Returns (how many sequences decode this step, whether they drafted, whether
+        the step is a steady one the policy should count: not a draft model's catch-up over a new
+        prompt or over tokens decoded plainly, a one-off cost that would hide what a round costs)."""
         work = []
         for seq in self.scheduler.running:
             if seq.n_uncomputed != 1 or seq.draft:
@@ -272,22 +274,22 @@ class EngineCore:
             if room > 0:
                 work.append((seq, room))
         if not work:
-            return 0, False
+            return 0, False, False
         if self.spec_policy is not None and not self.spec_policy.choose(len(work)):
-            return len(work), False
+            return len(work), False, True
         if self.drafter is not None:
             self.drafter.propose(work)
-            return len(work), True
+            return len(work), True, self.drafter.last_catch_up <= self.spec_k + 1
         for seq, room in work:
             draft = propose_ngram(seq.tokens, room)
             if draft:
                 seq.draft = draft
                 seq.tokens.extend(draft)
-        return len(work), True
+        return len(work), True, True
 
     def step(self) -> None:
         t_start = time.perf_counter()
-        decoding, drafted = self._propose() if self.speculative else (0, False)
+        decoding, drafted, steady = self._propose() if self.speculative else (0, False, False)
         st = self.scheduler.schedule()
         if st.empty:
             # nothing can make progress: the pool is too small for what is held; drop one request
@@ -346,5 +348,5 @@ class EngineCore:
             self.drafter.gc()  # the draft KV of sequences that finished this step
         self._recent.append((now, produced))
         self.tokens_generated += produced
-        if self.spec_policy is not None and decoding and not new_prompts:
+        if self.spec_policy is not None and decoding and steady and not new_prompts:
             self.spec_policy.observe(decoding, drafted, time.perf_counter() - t_start, produced)

@@ -131,6 +131,7 @@ class DraftRunner:
         self.forward_s = 0.0  # and the time they took
         self.stop_p = stop_p
         self.prefix_hit_tokens = 0
+        self.last_catch_up = 0  # the most rows one sequence's first forward took in the last propose()
         log.info("engine: draft model %s ready (%d layers, KV cache %.0f MB)", path, cfg.n_layers,
                  self.cache.bytes / 1e6)
 
@@ -239,6 +240,7 @@ class DraftRunner:
             chunks.append((st, need))
             budget -= need
             active.append((seq, st, k))
+        self.last_catch_up = max((n for _, n in chunks), default=0)
         if not chunks:
             return 0
         drafts: dict[int, list[int]] = {seq.id: [] for seq, _, _ in active}
