@@ -305,7 +305,8 @@ class EngineCore:
             return
         t_step = time.perf_counter()
         b, prefill, sampled = build_step(st, self.cache, self.device)
-        new_prompts = any(not seq.draft for seq, _ in prefill)  # a verify is a chunk too
+        # before the verify drops the drafts: a verify is a chunk too, a new prompt's has no draft
+        new_prompts = self.spec_policy is not None and any(not seq.draft for seq, _ in prefill)
         if self._tuner is not None:
             self._tuner.before(int(b.ids.shape[0]))
         if self.graphs is not None and not st.prefill and self.graphs.can_run(b.n_decode):

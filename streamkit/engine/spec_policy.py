@@ -73,8 +73,6 @@ class SpeculationPolicy:
         self.max_backoff = max_backoff
         self.decay = decay
         self._buckets: dict[int, _Bucket] = {}
-        self.drafted_steps = 0
-        self.plain_steps = 0
 
     @staticmethod
     def bucket_of(batch: int) -> int:
@@ -109,10 +107,6 @@ class SpeculationPolicy:
         """A decode step's wall time (the draft's forwards included) and the tokens it produced;
         `spec_drafted_steps` / `spec_plain_steps` count these measured steps."""
         self._bucket(batch).cost[drafted].add(seconds, produced, self.decay)
-        if drafted:
-            self.drafted_steps += 1
-        else:
-            self.plain_steps += 1
 
     def stats(self) -> dict:
         def ms(c: _Cost) -> float | None:
@@ -120,8 +114,8 @@ class SpeculationPolicy:
             return round(1000 * v, 2) if v is not None else None
 
         return {
-            "spec_drafted_steps": self.drafted_steps,
-            "spec_plain_steps": self.plain_steps,
+            "spec_drafted_steps": sum(b.cost[DRAFT].steps for b in self._buckets.values()),
+            "spec_plain_steps": sum(b.cost[PLAIN].steps for b in self._buckets.values()),
             # per batch bucket (its largest batch size): ms a token lately, each way, and the way taken
             "spec_policy": {str(1 << k): {"draft_ms_per_token": ms(b.cost[DRAFT]),
                                                 "plain_ms_per_token": ms(b.cost[PLAIN]),
