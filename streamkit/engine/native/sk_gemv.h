@@ -34,6 +34,17 @@
  * (SmolLM2 Q4_1: 4.7 vs 4.8; 2 rows 3.9 vs 3.5, AVX2 forced 6.1 vs 4.5). */
 #define SK_GEMV_MAX_ROWS 4
 #define SK_GEMV_BLOCK_ROWS 2
+/* K-quant columns prefetch their weights this many bytes ahead of the super-block being multiplied,
+ * one super-block at a time: a column's rows lie one after the other, so this is one linear stream.
+ * The per-column prefetch the other formats use (sk_dequant.h's prefetch_rows) pulls the whole next
+ * column at each column's start: 4.5-6.7 KB at once for the 1.5B's down projection (K = 8960),
+ * which then streamed at 32-35 GB/s against gate/up's 46 (Zen 5, 2 threads, 1 row). In-loop, a
+ * whole 1.5B step at 2 rows went from 33-34 to 29-33 ms and at 3 rows from 44-46 to 40.6-42 (three
+ * alternating runs of `streamkit bench step`); 1024 or 4096 bytes measured no different. The
+ * formats with a scale per block measured no change either way (SmolLM2, the 0.5B draft), so they
+ * keep the per-column prefetch. (Past a weight's end the addresses are only hints: prefetcht0 never
+ * faults.) */
+#define SK_GEMV_AHEAD 2048
 #ifdef __AVX512F__
 #define SK_GEMV_G 4
 #else
@@ -259,8 +270,12 @@ INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, f
         f[r] = gv_fzero();
         fo[r] = _mm256_setzero_ps();
     }
+    const size_t qsb = fmt == SK_Q4_K ? 128 : 192; /* qs bytes a super-block */
     for (int s = 0; s < NS; s++) {
         const float *S = w->sc + (size_t)6 * ((size_t)n * NS + s);
+        const char *ahead = (const char *)w->qs + ((size_t)n * NS + s) * qsb + SK_GEMV_AHEAD;
+        for (size_t i = 0; i < qsb; i += 64) prefetch(ahead + i);
+        prefetch((const char *)S + SK_GEMV_AHEAD / 4); /* 24 bytes of scales a super-block */
         gvi ia[SK_GEMV_MAX_ROWS][2];
         for (int r = 0; r < MR; r++) ia[r][0] = ia[r][1] = gv_zero();
 #pragma GCC unroll 4
@@ -509,12 +524,13 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
 
 /* this thread's columns, MR (a constant) rows each: one instantiation of COL per row count */
 #define GEMV_COLS(F, MR) for (int c = c0; c < c1; c++) { pf(w, c); COL(F, MR, w, c, xr, yr, ldy, acc); }
+#define GEMV_KCOLS(F, MR) for (int c = c0; c < c1; c++) COL(F, MR, w, c, xr, yr, ldy, acc); /* no pf: see SK_GEMV_AHEAD */
 #define GEMV_ROWS(F)                                                                                         \
     switch (mr) {                                                                                            \
-    case 1: GEMV_COLS(F, 1) break;                                                                           \
-    case 2: GEMV_COLS(F, 2) break;                                                                           \
-    case 3: GEMV_COLS(F, 3) break;                                                                           \
-    default: GEMV_COLS(F, 4) break;                                                                          \
+    case 1: GEMV_KCOLS(F, 1) break;                                                                          \
+    case 2: GEMV_KCOLS(F, 2) break;                                                                          \
+    case 3: GEMV_KCOLS(F, 3) break;                                                                          \
+    default: GEMV_KCOLS(F, 4) break;                                                                         \
     }
 #define GEMV_BLOCK_ROWS(F) /* up to SK_GEMV_BLOCK_ROWS */                                                    \
     switch (mr) {                                                                                            \
