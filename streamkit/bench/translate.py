@@ -1,8 +1,8 @@
 """streamkit bench translate: English -> Spanish on everyday and meeting sentences with reference
 translations (tests/data/translate_en_es.tsv). chrF (sacrebleu) and latency per sentence and to the
 first token for SmolLM2-135M and Qwen2.5-Coder-1.5B on our engine, Debian's rule-based apertium
-(eng-spa) as a non-LLM peer, and the same 1.5B GGUF on llama.cpp (xllamacpp) in the same run, with
-the same prompt and greedy decoding. Each LLM is warmed with one sentence first, so its system
+(eng-spa) as a non-LLM peer, and the same 1.5B GGUF on llama.cpp (xllamacpp, in a process of its
+own) in the same run, with the same prompt and greedy decoding. Each LLM is warmed with one sentence first, so its system
 prompt and examples are prefix-cached as they are in a dubbing session; then the LLMs answer each
 sentence in turn, so a noisy host's slow minutes fall on all of them alike. `--speculative draft`
 adds the 1.5B with speculative decoding (its packaged 0.5B draft) to the same run, with the
@@ -152,12 +152,37 @@ def run_apertium(pairs) -> dict:
     return _summary("apertium eng-spa", hyps, [es for _, es in pairs], lat)
 
 
-class LlamaCpp:
-    """The same GGUF on llama.cpp's server (xllamacpp), one slot, in this process."""
+def _llamacpp_request(server, msgs: list[dict], n: int, ignore_eos: bool) -> tuple[str, float, float, dict]:
+    import json
 
-    name = "llama.cpp (xllamacpp)"
+    req = {"messages": msgs, "max_tokens": n, "temperature": 0.0, "stream": True,
+           "stop": ["\n"], "cache_prompt": True, "ignore_eos": ignore_eos}
+    state: dict = {"first": None, "text": [], "timings": {}, "error": None}
+    t = time.perf_counter()
 
-    def __init__(self, model_path: str, threads: int) -> None:
+    def on_chunk(s):
+        d = json.loads(s) if isinstance(s, str) else s
+        for c in d if isinstance(d, list) else [d]:
+            if not isinstance(c, dict):
+                continue
+            if "error" in c:
+                state["error"] = str(c["error"])
+            delta = (c.get("choices") or [{}])[0].get("delta", {}).get("content")
+            if delta:
+                state["first"] = state["first"] or time.perf_counter()
+                state["text"].append(delta)
+            state["timings"] = c.get("timings") or state["timings"]
+
+    server.handle_chat_completions(req, on_chunk)
+    end = time.perf_counter()
+    if state["error"]:
+        raise RuntimeError(f"llama.cpp: {state['error']}")
+    return "".join(state["text"]).split("\n")[0].strip(), end - t, (state["first"] or end) - t, state["timings"]
+
+
+def _llamacpp_serve(conn, model_path: str, threads: int) -> None:
+    """The child process of `LlamaCpp`: llama.cpp's server, answering the parent's requests in order."""
+    try:
         import xllamacpp as xlc
 
         p = xlc.CommonParams()
@@ -167,33 +192,53 @@ class LlamaCpp:
         p.cpuparams.n_threads = threads
         p.cpuparams_batch.n_threads = threads
         t0 = time.perf_counter()
-        self.server = xlc.Server(p)
-        self.load_s = time.perf_counter() - t0
+        server = xlc.Server(p)
+        conn.send(("ready", time.perf_counter() - t0))
+    except Exception as e:  # noqa: BLE001 - the parent raises it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        req = conn.recv()
+        if req is None:
+            return
+        try:
+            conn.send(("ok", _llamacpp_request(server, *req)))
+        except Exception as e:  # noqa: BLE001 - the parent raises it
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class LlamaCpp:
+    """The same GGUF on llama.cpp's server (xllamacpp), one slot, in a process of its own.
+
+    Not in this process: xllamacpp's ggml uses the system libgomp, which is the libgomp torch loads
+    too, and libgomp cuts its spin-waiting once the process holds more OpenMP threads than CPUs.
+    With our engine loaded beside it (idle), llama.cpp decoded the 1.5B at 21-22 tok/s instead of
+    30-32 on 2 Zen 5 cores (docs/engine.md, *llama.cpp in its own process*)."""
+
+    name = "llama.cpp (xllamacpp)"
+
+    def __init__(self, model_path: str, threads: int) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no torch, no OpenMP threads of ours
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_llamacpp_serve, args=(child, model_path, threads), daemon=True)
+        self._proc.start()
+        child.close()
+        self.load_s = self._reply()
+
+    def _reply(self):
+        try:
+            kind, value = self._conn.recv()
+        except EOFError:
+            raise RuntimeError(f"llama.cpp's process exited (code {self._proc.exitcode})") from None
+        if kind == "error":
+            raise RuntimeError(f"llama.cpp: {value}")
+        return value
 
     def _request(self, text: str, n: int = 64, ignore_eos: bool = False) -> tuple[str, float, float, dict]:
-        import json
-
-        req = {"messages": messages(text), "max_tokens": n, "temperature": 0.0, "stream": True,
-               "stop": ["\n"], "cache_prompt": True, "ignore_eos": ignore_eos}
-        state: dict = {"first": None, "text": [], "timings": {}}
-        t = time.perf_counter()
-
-        def on_chunk(s):
-            d = json.loads(s) if isinstance(s, str) else s
-            for c in d if isinstance(d, list) else [d]:
-                if not isinstance(c, dict):
-                    continue
-                if "error" in c:
-                    raise RuntimeError(f"llama.cpp: {c['error']}")
-                delta = (c.get("choices") or [{}])[0].get("delta", {}).get("content")
-                if delta:
-                    state["first"] = state["first"] or time.perf_counter()
-                    state["text"].append(delta)
-                state["timings"] = c.get("timings") or state["timings"]
-
-        self.server.handle_chat_completions(req, on_chunk)
-        end = time.perf_counter()
-        return "".join(state["text"]).split("\n")[0].strip(), end - t, (state["first"] or end) - t, state["timings"]
+        self._conn.send((messages(text), n, ignore_eos))
+        return self._reply()
 
     def one(self, text: str) -> Answer:
         """Counted as ours: predicted_n includes the end-of-turn token, predicted_ms is the time
@@ -209,7 +254,15 @@ class LlamaCpp:
         return {}
 
     def close(self) -> None:
-        del self.server
+        if self._proc.is_alive():
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+            self._proc.join(timeout=30)
+            if self._proc.is_alive():
+                self._proc.kill()
+        self._conn.close()
 
 
 def run_interleaved(systems: list, pairs, rate_rounds: int = 3) -> list[dict]:
