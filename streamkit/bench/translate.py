@@ -2,11 +2,11 @@
 translations (tests/data/translate_en_es.tsv). chrF (sacrebleu) and latency per sentence and to the
 first token for SmolLM2-135M and Qwen2.5-Coder-1.5B on our engine, Debian's rule-based apertium
 (eng-spa) as a non-LLM peer, and the same 1.5B GGUF on llama.cpp (xllamacpp, in a process of its
-own) in the same run, with the same prompt and greedy decoding. Each LLM is warmed with one sentence first, so its system
-prompt and examples are prefix-cached as they are in a dubbing session; then the LLMs answer each
-sentence in turn, so a noisy host's slow minutes fall on all of them alike. `--speculative draft`
-adds the 1.5B with speculative decoding (its packaged 0.5B draft) to the same run, with the
-acceptance rate and its speed against llama.cpp's plain decode.
+own) in the same run, with the same prompt and greedy decoding. Each LLM is warmed with one
+sentence first, so its system prompt and examples are prefix-cached as they are in a dubbing
+session; then the LLMs answer each sentence in turn, so a noisy host's slow minutes fall on all of
+them alike. `--speculative draft` adds the 1.5B with speculative decoding (its packaged 0.5B draft)
+to the same run, with the acceptance rate and its speed against llama.cpp's plain decode.
 
 Decode rates count alike on both engines: the tokens after the first, the end-of-turn token that
 stopped an answer included (it cost a step; llama.cpp's `predicted_n` counts it), over the time
