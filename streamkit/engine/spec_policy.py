@@ -15,11 +15,12 @@ plainly before a drafting burst): a burst that starts in mid-answer pays a catch
 drafting would not, and counted, it kept the policy from drafting where drafting always was the
 faster (the 1.5B with its 0.5B draft over 64 tokens: 32.7 tok/s drafting always, 26.9 plain,
 25.6 adaptive while those steps counted). So the policy compares steady rounds with plain steps,
-and leaves a new prompt's catch-up, a fixed cost a sequence, out of the choice. It starts with a burst of
-drafting steps and a burst of plain ones, then takes the cheaper way, and every `explore_every`
-steps runs a burst the other way, so a change in the load or the text is noticed. Each burst that
-leaves the choice as it was doubles that interval (up to `max_backoff` times), since a way that
-keeps losing costs its whole burst each time; a burst that changes the choice resets it.
+and leaves a new prompt's catch-up, a fixed cost a sequence, out of the choice. It starts with a
+burst of drafting steps and a burst of plain ones, then takes the cheaper way, and every
+`explore_every` steps runs a burst the other way, so a change in the load or the text is noticed.
+Each burst that leaves the choice as it was doubles that interval (up to `max_backoff` times),
+since a way that keeps losing costs its whole burst each time; a burst that changes the choice
+resets it.
 Greedy output is the same whichever way a step goes (speculative.py); only the speed differs.
 """
 from __future__ import annotations
