@@ -167,7 +167,7 @@ def test_bf16_matmul_every_format_accumulates(kind, rows, isa):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [4, 19])
+@pytest.mark.parametrize("rows", [4, 12, 19])  # tiles of 16 rows: partial ones above and below 8
 @pytest.mark.parametrize("terms", [1, 2])
 def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
     """The int8 VNNI path (activations quantized per block of 32, in one term or two): the 4- and
