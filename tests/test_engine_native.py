@@ -11,6 +11,7 @@ import torch
 from gguf.quants import dequantize, quantize
 from gguf_files import random_blocks
 
+from streamkit import cores
 from streamkit.engine import Engine, SamplingParams, default_model_path, native
 from streamkit.engine.chat_template import ChatTemplate
 from streamkit.engine.gguf_loader import load_gguf
@@ -29,10 +30,20 @@ K_QUANT_KINDS = ("Q4_K", "Q5_K", "Q6_K")
 NEEDS_NATIVE = pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
 
 
-@pytest.fixture(params=native.ISAS)
+def _variants() -> list[str]:
+    """The builds of CPUs without the optional features this one has: AVX2 without AVX-VNNI (most
+    laptops: fp32 batched steps, the few-row kernel on vpmaddubsw), AVX-512 without VNNI (vdpbf16ps)
+    and without VNNI or BF16 (Skylake-X: fp32 and vpmaddubsw)."""
+    have = set(cores.cpu_flags())
+    wanted = [("avx2", {"avx_vnni"}), ("avx512", {"avx512_vnni"}), ("avx512", {"avx512_vnni", "avx512_bf16"})]
+    return [native.variant(path, drop) for path, drop in wanted if drop & have]
+
+
+@pytest.fixture(params=[*native.ISAS, *_variants()])
 def isa(request) -> str:
-    """Every instruction-set path the kernels build for; one this machine cannot run is skipped
-    with the reason (the CPU flags it lacks, or no compiler)."""
+    """Every instruction-set path the kernels build for, and each as a CPU without its optional
+    features builds it; one this machine cannot run is skipped with the reason (the CPU flags it
+    lacks, or no compiler)."""
     if not native.available(request.param):
         pytest.skip(f"native {request.param} path unavailable here: {native.error(request.param)}")
     return request.param
@@ -318,6 +329,20 @@ def test_forcing_a_path_the_cpu_lacks_is_an_error(monkeypatch):
     monkeypatch.setenv("STREAMKIT_NATIVE_ISA", lacking[0])
     with pytest.raises(ValueError, match="lacks"):
         native.resolve_isa()
+
+
+def test_a_path_without_some_cpu_flags_is_named_like_a_path(monkeypatch):
+    """STREAMKIT_NATIVE_ISA="avx2 without avx_vnni": the build a CPU without those flags gets (its
+    batched steps then in fp32), what the bench measures for laptops on a CPU that has AVX-VNNI."""
+    monkeypatch.setenv("STREAMKIT_NATIVE_ISA", "avx2 without avx_vnni")
+    assert native.requested_isa() == "avx2 without avx_vnni"
+    assert native.missing("avx2 without avx_vnni") == native.missing("avx2")
+    if native.available("avx2 without avx_vnni"):
+        assert not native.caps("avx2 without avx_vnni") & native.CAP_INT8
+    for bad in ("avx2 without", "sse2 without avx_vnni", "avx2 minus avx_vnni"):
+        monkeypatch.setenv("STREAMKIT_NATIVE_ISA", bad)
+        with pytest.raises(ValueError, match="avx2 without avx_vnni"):
+            native.requested_isa()
 
 
 def _cache(cfg, dtype):

@@ -195,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     ap.add_argument("--weights", default=None,
                     help="ours: auto | native | native-fp32 | int4+bf16 | int8+bf16 | bf16 | fp32")
-    ap.add_argument("--isa", default=None, choices=["auto", "amx", "avx512", "avx2"],
-                    help="the native kernels' instruction-set path (default: the best this CPU has); "
+    ap.add_argument("--isa", default=None,
+                    help="the native kernels' instruction-set path: auto, amx, avx512, avx2, or a path as a CPU "
+                         "without some flags builds it ('avx2 without avx_vnni'); default: the best this CPU has; "
                          "sets STREAMKIT_NATIVE_ISA for every engine of the run")
     ap.add_argument("--tokens", type=int, default=None, help="tokens generated per stream")
     ap.add_argument("--concurrency", default=None, help="comma list, default 1,4,16,64")

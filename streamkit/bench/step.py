@@ -41,7 +41,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rows", default="1,2,3,4,5", help="comma list of rows per step")
     ap.add_argument("--context", type=int, default=300, help="positions each row attends to")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per row count and path")
-    ap.add_argument("--isa", default=None, choices=["auto", "amx", "avx512", "avx2"])
+    ap.add_argument("--isa", default=None,
+                    help="auto, amx, avx512, avx2, or a path as a CPU without some flags builds it ('avx2 without avx_vnni')")
     ap.add_argument("--json", action="store_true", help="last stdout line is one JSON object")
     a = ap.parse_args(argv)
     rows = sorted({int(r) for r in a.rows.split(",") if r.strip()})

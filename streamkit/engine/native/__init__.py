@@ -11,7 +11,9 @@ tunes), at run time (like Triton or torch's cpp extensions), not at install time
           batched steps in int8 with vpdpbusd on ymm where the CPU has AVX-VNNI (Intel client
           cores since Alder Lake), else fp32 FMAs over strips dequantized once per step.
 The best path the CPU has is the default; STREAMKIT_NATIVE_ISA=avx512|avx2 (or the engine option
-`native_isa`) forces a lower one, and asking for a path the CPU lacks is a ValueError. Each build
+`native_isa`) forces a lower one, and asking for a path the CPU lacks is a ValueError. A path as a CPU
+without some of its optional flags builds it is named "avx2 without avx_vnni" (flags joined by "+"):
+what a laptop without AVX-VNNI runs, built and measured on a CPU that has it. Each build
 takes a few seconds once; the result is cached under streamkit.cache.native_dir() (default
 ~/.cache/streamkit/native), keyed by the path, the sources, the compiler and the flags. Where there
 is no compiler, no AVX2/FMA/F16C or STREAMKIT_NATIVE=0, `load()` returns None and the engine uses
@@ -30,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 from streamkit import cache, cores
@@ -60,8 +63,26 @@ _errors: dict[str, str] = {}
 _default: list[str | None] = []  # [the default path] once chosen
 
 
+# Builds of a path as a CPU without some of the features this one has would get them (variant()):
+# name -> (path, CPU flags left out)
+_variants: dict[str, tuple[str, frozenset[str]]] = {}
+
+
+def variant(isa: str, without: Iterable[str]) -> str:
+    """A name under which load(), caps(), describe() and NativeLlamaModel(isa=...) take path `isa` as a
+    CPU without the flags `without` builds it: the tests run the kernels of a laptop without AVX-VNNI,
+    or of an AVX-512 CPU without VNNI or BF16, on a CPU that has them."""
+    if isa not in ISAS:
+        raise ValueError(f"unknown native instruction-set path {isa!r}; expected one of {ISAS}")
+    drop = frozenset(without)
+    name = f"{isa} without {'+'.join(sorted(drop))}"
+    _variants[name] = (isa, drop)
+    return name
+
+
 def missing(isa: str) -> list[str]:
     """The CPU flags this machine lacks for `isa` (empty: it can run it)."""
+    isa = _variants.get(isa, (isa,))[0]
     if isa not in ISAS:
         raise ValueError(f"unknown native instruction-set path {isa!r}; expected one of {ISAS}")
     return sorted(REQUIRES[isa] - cores.cpu_flags())
@@ -145,10 +166,11 @@ def _load_isa(isa: str) -> ctypes.CDLL | None:
     if cc is None:
         _errors[isa] = "no C compiler (gcc) found"
         return None
+    base, drop = _variants.get(isa, (isa, frozenset()))
     try:
-        flags = isa_flags(isa)
+        flags = isa_flags(base, set(cores.cpu_flags()) - drop)
         try:
-            path = _build(cc, isa, flags)
+            path = _build(cc, base, flags)
         except RuntimeError:
             optional = [f for f in flags if f in OPTIONAL_FLAGS]
             if not optional:
@@ -156,7 +178,7 @@ def _load_isa(isa: str) -> ctypes.CDLL | None:
             # an older compiler without them (AVX-VNNI needs GCC 11): the path still runs, slower
             log.warning("engine: %s could not build the %s kernels with %s; building without", cc, isa,
                         " ".join(optional))
-            path = _build(cc, isa, [f for f in flags if f not in OPTIONAL_FLAGS])
+            path = _build(cc, base, [f for f in flags if f not in OPTIONAL_FLAGS])
         lib = ctypes.CDLL(str(path))
         _declare(lib)
         caps = lib.sk_init()
@@ -178,9 +200,13 @@ def requested_isa(isa: str | None = None) -> str | None:
     isa = isa.strip().lower()
     if isa in ("", "auto"):
         return None
-    if isa not in ISAS:
-        raise ValueError(f"STREAMKIT_NATIVE_ISA / native_isa must be auto or one of {', '.join(ISAS)}, not {isa!r}")
-    return isa
+    if isa in ISAS or isa in _variants:
+        return isa
+    base, without, drop = isa.partition(" without ")
+    if base in ISAS and without and drop:
+        return variant(base, drop.split("+"))
+    raise ValueError(f"STREAMKIT_NATIVE_ISA / native_isa must be auto, one of {', '.join(ISAS)}, or a path as a "
+                     f"CPU without some flags builds it ('avx2 without avx_vnni'), not {isa!r}")
 
 
 def resolve_isa(isa: str | None = None) -> str | None:
