@@ -4,8 +4,9 @@ Same contract as `LlamaModel.forward(StepBatch)`; weights stay in the GGUF's own
 Two modes:
   native       fp32 activations, float16 KV cache; steps of at least `bf16_min_rows` rows multiply in
                bf16 (fp32 accumulation) on AMX tiles or with vdpbf16ps, or from `int8_min_rows` with
-               int8 VNNI on two-term int8 activations, where the path has them (see
-               streamkit.engine.native), fewer rows dequantize into fp32 FMAs. The CPU default.
+               int8 VNNI on two-term int8 activations (avx2 without AVX-VNNI: int16 activations),
+               where the path has them (see streamkit.engine.native), fewer rows dequantize into
+               fp32 FMAs. The CPU default.
   native-fp32  fp32 FMAs for every step and a float32 KV cache: the same arithmetic as the fp32
                reference up to summation order (greedy output equals transformers' token for token on
                the reference prompts).
@@ -49,6 +50,10 @@ DPBF16_MIN_ROWS_AMD = 8
 # (vdpbf16ps then, where the CPU has it). It pads rows to tiles
 # of 16: the fp32 path is faster below 8 rows (6 rows: 229 vs 274 us).
 INT8_MIN_ROWS = 8
+# The int16 path (avx2 without AVX-VNNI, sk_int16.h: int16 activations, vpmaddwd) pads rows to tiles of
+# 8 and beats the fp32 strips from 5 rows (Zen 5 as such a CPU, 2 threads, every matmul of a step:
+# SmolLM2 5 rows 10.6 vs 11.6 ms, 16 rows 20.5 vs 45.1; the 1.5B 5 rows 158 vs 183 ms).
+INT16_MIN_ROWS = 5
 INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
 # Steps of 1-4 rows (decode at batch 1-4, a speculative verify) on Q4_K / Q6_K weights, and of 1-2
 # rows on Q4_1 / Q4_0 / Q8_0: llama.cpp's int8 schemes (sk_gemv.h), two activation terms, on every
@@ -90,8 +95,9 @@ class NativeLlamaModel:
         terms = native.int8_terms() if int8_terms is None else int8_terms
         if terms not in (0, 1, 2):
             raise ValueError(f"int8_terms must be 0, 1 or 2, got {int8_terms!r}")
-        use_int8 = weights == "native" and bool(caps & native.CAP_INT8) and terms > 0
-        self.int8_min_rows = (int8_min_rows or INT8_MIN_ROWS) if use_int8 else 0
+        use_int8 = weights == "native" and bool(caps & (native.CAP_INT8 | native.CAP_INT16)) and terms > 0
+        default_int8 = INT8_MIN_ROWS if caps & native.CAP_INT8 else INT16_MIN_ROWS
+        self.int8_min_rows = (int8_min_rows or default_int8) if use_int8 else 0
         use_gemv = weights == "native" and os.environ.get("STREAMKIT_NATIVE_GEMV", "1") != "0"
         self.int8_mask = INT8_ALL | (INT8_TWO_TERMS if terms != 1 else 0) | (INT8_GEMV if use_gemv else 0)
         B, T = gm.blocks, gm.tensors

@@ -27,6 +27,7 @@ INLINE int i8_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt =
 
 #define SK_I8_TWO 32 /* the i8_mask bit: activations as two int8 terms */
 
+#if SK_VNNI /* the activations' int8 packing (the strips below also feed sk_int16.h) */
 /* one int8 term of the 32 values v into tile[g * 16] (g = 0..7: dword g holds values 4g..4g+3), its
  * scale and scale * sum; v <- what this term leaves (v - d * q), for a second term. The few-row
  * path's quantizer (sk_gemv.h: amax_n, quant32) does the arithmetic; this only lays it out. */
@@ -77,6 +78,8 @@ static void i8_pack_x_team(const float *x, int ldx, int M, int K, uint8_t *xq, f
     }
 }
 
+#endif
+
 /* 16 columns from n0 -> u8 [K/32][16][32], s0 / s1 [K/32][16] */
 INLINE void i8_strip(int fmt, const sk_w *w, int n0, uint8_t *u, float *s0, float *s1) {
     const int NB = w->k / 32;
@@ -115,6 +118,15 @@ static void i8_strip_any(const sk_w *w, int n0, uint8_t *u, float *s0, float *s1
     }
 }
 
+/* the 16 x 16 tile ct ([column][row]) into y's rows (+= where acc) */
+INLINE void i8_store_tile(const float *ct, float *y, int ldy, int rows, int acc) {
+    for (int m = 0; m < rows; m++) {
+        float *o = y + (size_t)m * ldy;
+        for (int c = 0; c < 16; c++) o[c] = acc ? o[c] + ct[c * 16 + m] : ct[c * 16 + m];
+    }
+}
+
+#if SK_VNNI /* the kernels */
 #if !SK_VNNI256
 /* 8 columns (c0..c0+7 of the strip) of one 16-row tile: out[c] = column c's 16 rows; two: x has a
  * second term (tile at xt + t2, scales at dx + s2), multiplied with the same weight broadcasts */
@@ -279,14 +291,6 @@ INLINE void i8_tile_ymm(const uint8_t *u, const float *s0, const float *s1, cons
     else
         for (int c0 = 0; c0 < 16; c0 += 4) i8_tile4(u, s0, s1, xt, dx, dxs, NB, c0, ct + c0 * 16, two, t2, s2);
 }
-
-/* the 16 x 16 tile ct ([column][row]) into y's rows (+= where acc) */
-INLINE void i8_store_tile(const float *ct, float *y, int ldy, int rows, int acc) {
-    for (int m = 0; m < rows; m++) {
-        float *o = y + (size_t)m * ldy;
-        for (int c = 0; c < 16; c++) o[c] = acc ? o[c] + ct[c * 16 + m] : ct[c * 16 + m];
-    }
-}
 #endif
 
 static __thread uint8_t *t_i8strip;
@@ -340,5 +344,7 @@ static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf
         }
     }
 }
+
+#endif /* SK_VNNI */
 
 #endif

@@ -52,6 +52,12 @@
 #endif
 /* the batched int8 path (sk_int8.h), where no AMX tiles take the batched steps */
 #define SK_VNNI ((SK_HAS_VNNI && !SK_AMX) || SK_VNNI256)
+/* the avx2 build without AVX-VNNI: batched steps on int16 activations (sk_int16.h) */
+#if !defined(__AVX512F__) && !SK_VNNI256
+#define SK_I16 1
+#else
+#define SK_I16 0
+#endif
 
 #include "sk_pool.h"
 #include "sk_vec.h"
@@ -61,8 +67,11 @@
 #if SK_BF16
 #include "sk_bf16.h"
 #endif
-#if SK_VNNI
+#if SK_VNNI || SK_I16
 #include "sk_int8.h"
+#endif
+#if SK_I16
+#include "sk_int16.h"
 #endif
 
 #define SK_API __attribute__((visibility("default")))
@@ -86,7 +95,7 @@ static int use_gemv(const sk_w *w, int M, int gemv) {
 }
 
 static int use_i8(const sk_w *w, int M, int i8_min_rows) {
-#if SK_VNNI
+#if SK_VNNI || SK_I16
     return i8_min_rows > 0 && M >= i8_min_rows && w->n % 16 == 0 && i8_format(w->fmt);
 #else
     (void)w; (void)M; (void)i8_min_rows;
@@ -104,6 +113,9 @@ static void matmul_team(const sk_w *w, int M, const float *x, int ldx, float *y,
     else
 #if SK_VNNI
     if (use_i8(w, M, i8_min_rows)) mm_i8_team(w, M, x, ldx, xb, y, ldy, acc, i8_two, t);
+    else
+#elif SK_I16
+    if (use_i8(w, M, i8_min_rows)) mm_i16_team(w, M, x, ldx, xb, y, ldy, acc, t);
     else
 #endif
 #if SK_BF16
@@ -192,9 +204,10 @@ typedef struct {
 } sk_model;
 
 /* bit 0: loaded; 1: AMX tiles granted; 2: the bf16 paths compiled in (AVX512_BF16); 3: AVX-512
- * (not the AVX2 build); 4: the int8 path compiled in (AVX512_VNNI) */
+ * (not the AVX2 build); 4: the int8 path compiled in (AVX512_VNNI, AVX-VNNI); 5: the int16 path
+ * (the AVX2 build without AVX-VNNI) */
 SK_API int sk_init(void) {
-    int caps = 1 | (SK_BF16 << 2) | (SK_VNNI << 4);
+    int caps = 1 | (SK_BF16 << 2) | (SK_VNNI << 4) | (SK_I16 << 5);
 #ifdef __AVX512F__
     caps |= 8;
 #endif

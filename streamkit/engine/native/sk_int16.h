@@ -1,0 +1,144 @@
+/* The batched path of the avx2 build on a CPU without AVX-VNNI (most laptops before Alder Lake, AMD
+ * before Zen 5): activations quantized to int16 per block of 32 values (one fp32 scale a block, about
+ * the precision of sk_int8.h's two int8 terms), weights as sk_int8.h's strips of unsigned 4- or 8-bit
+ * integers widened to int16, products summed in int32 by vpmaddwd + vpaddd (16 multiply-adds for one
+ * multiplier-pipe instruction, against 8 for an fp32 FMA) and scaled per block in fp32 as there:
+ *   sum_k value_k * x_k = s0 * dx * sum_k u_k qx_k + s1 * dx * sum_k qx_k,  x_k ~ dx * qx_k.
+ * A block's int32 sums stay below 2^31: 32 products of u <= 255 and |qx| <= 32767.
+ *
+ * Layouts: a strip of 16 output columns as int16 [K/32][16 columns][32] (u, from i8_strip) with its
+ * scales s0, s1 [K/32][16]; x in tiles of 8 rows, [8-row tile][K/32][16 pairs of k][8 rows][2] int16,
+ * so one ymm holds a k pair of 8 rows and a column's pair is one dword broadcast, with dx and
+ * dx * sum(qx) [8-row tile][K/32][8]. Included by sk_kernels.c only, where SK_I16 is set. */
+#ifndef SK_INT16_H
+#define SK_INT16_H
+
+/* one block of one 8-row tile of x; a step's packed x and its scales, MT * NB * (512 + 64) bytes,
+ * fit in xb_elems(M, K) * 4 */
+#define I16_TILE_BYTES 512
+
+/* x [M][K] fp32 -> int16 tiles, this thread's share of (tile, block) units */
+static void i16_pack_x_team(const float *x, int ldx, int M, int K, int16_t *xq, float *dx, float *dxs, sk_team *t) {
+    const int NB = K / 32, MT = (M + 7) / 8;
+    int j0, j1;
+    team_span(t, MT * NB, &j0, &j1); /* whole units: a unit's cache lines interleave its 8 rows */
+    for (int j = j0; j < j1; j++) {
+        const int mt = j / NB, kb = j % NB;
+        uint32_t *tile = (uint32_t *)(xq + (size_t)j * (I16_TILE_BYTES / 2));
+        for (int m = 0; m < 8; m++) {
+            const int row = mt * 8 + m;
+            const size_t si = (size_t)j * 8 + m;
+            if (row >= M) { /* padding rows: zeros */
+                for (int p = 0; p < 16; p++) tile[p * 8 + m] = 0;
+                dx[si] = dxs[si] = 0.0f;
+                continue;
+            }
+            const float *v = x + (size_t)row * ldx + kb * 32;
+            const float amax = amax_n(v, 32);
+            const float d = amax / 32767.0f;
+            const __m256 id = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+            int16_t q[32] __attribute__((aligned(32)));
+            __m256i sum = _mm256_setzero_si256();
+            for (int i = 0; i < 32; i += 16) {
+                const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), id));
+                const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8), id));
+                sum = _mm256_add_epi32(sum, _mm256_add_epi32(a, b));
+                /* packs works per 128-bit lane: the permute puts the 16 values back in order */
+                _mm256_store_si256((__m256i *)(q + i), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+            }
+            const uint32_t *pairs = (const uint32_t *)q; /* pair p = values 2p, 2p + 1 */
+            for (int p = 0; p < 16; p++) tile[p * 8 + m] = pairs[p];
+            dx[si] = d;
+            dxs[si] = d * (float)hsum_i32x8(sum);
+        }
+    }
+}
+
+/* the strip's u8 values (i8_strip) widened to int16, in place from the back */
+INLINE void i16_widen_strip(uint8_t *u, int NB) {
+    int16_t *w = (int16_t *)u;
+    for (long i = (long)NB * 512 - 16; i >= 0; i -= 16)
+        _mm256_storeu_si256((__m256i *)(w + i), _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(u + i))));
+}
+
+/* 4 columns (c0..c0+3 of the strip) of one or two 8-row tiles (xa, and xb where `two_tiles`),
+ * accumulated into out[c * 16 + row] (rows 8..15 from xb) */
+INLINE void i16_tile4(const int16_t *u, const float *s0, const float *s1, const int16_t *xa, const int16_t *xb,
+                      const float *dxa, const float *dxsa, const float *dxb, const float *dxsb, int NB, int c0,
+                      float *out, int two_tiles) {
+    for (int c = 0; c < 4; c++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + c * 16 + h * 8, _mm256_setzero_ps());
+    for (int kb = 0; kb < NB; kb++) {
+        const uint32_t *uk = (const uint32_t *)(u + (size_t)kb * 512) + c0 * 16;
+        const int16_t *ka = xa + (size_t)kb * (I16_TILE_BYTES / 2), *kb2 = xb + (size_t)kb * (I16_TILE_BYTES / 2);
+        __m256i acc[4][2];
+        for (int c = 0; c < 4; c++) acc[c][0] = acc[c][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int p = 0; p < 16; p++) {
+            const __m256i x0 = _mm256_load_si256((const __m256i *)(ka + p * 16));
+            const __m256i x1 = two_tiles ? _mm256_load_si256((const __m256i *)(kb2 + p * 16)) : x0;
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256i wb = _mm256_set1_epi32((int)uk[c * 16 + p]);
+                acc[c][0] = _mm256_add_epi32(acc[c][0], _mm256_madd_epi16(wb, x0));
+                if (two_tiles) acc[c][1] = _mm256_add_epi32(acc[c][1], _mm256_madd_epi16(wb, x1));
+            }
+        }
+        const float *a = s0 + (size_t)kb * 16 + c0, *o = s1 + (size_t)kb * 16 + c0;
+        for (int h = 0; h < (two_tiles ? 2 : 1); h++) {
+            const __m256 d = _mm256_loadu_ps((h ? dxb : dxa) + (size_t)kb * 8);
+            const __m256 ds = _mm256_loadu_ps((h ? dxsb : dxsa) + (size_t)kb * 8);
+            for (int c = 0; c < 4; c++) {
+                float *f = out + c * 16 + h * 8;
+                _mm256_storeu_ps(f, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[c][h]), _mm256_mul_ps(d, _mm256_set1_ps(a[c])),
+                                                    _mm256_fmadd_ps(ds, _mm256_set1_ps(o[c]), _mm256_loadu_ps(f))));
+            }
+        }
+    }
+}
+
+static __thread uint8_t *t_i16strip;
+static __thread size_t t_i16strip_cap;
+
+/* y [M][ldy] (+)= x . W^T on the int16 path; xbuf: xb_elems(M, K) * 4 bytes shared by the team */
+static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf, float *y, int ldy, int acc,
+                        sk_team *t) {
+    const int N = w->n, K = w->k, NB = K / 32, MT = (M + 7) / 8;
+    int16_t *xq = xbuf;
+    float *dx = (float *)((uint8_t *)xbuf + (size_t)MT * NB * I16_TILE_BYTES), *dxs = dx + (size_t)MT * NB * 8;
+    i16_pack_x_team(x, ldx, M, K, xq, dx, dxs, t);
+    team_barrier(t);
+    const size_t need = (size_t)16 * K * 2 + 2 * (size_t)16 * NB * 4;
+    if (t_i16strip_cap < need) {
+        free(t_i16strip);
+        t_i16strip = aligned_alloc(64, (need + 63) / 64 * 64);
+        if (!t_i16strip) abort();
+        t_i16strip_cap = need;
+    }
+    uint8_t *u = t_i16strip;
+    float *s0 = (float *)(u + (size_t)16 * K * 2), *s1 = s0 + (size_t)16 * NB;
+    float ctile[16 * 16] __attribute__((aligned(64)));
+    const size_t tb = (size_t)NB * (I16_TILE_BYTES / 2); /* int16 per 8-row tile */
+    int a0, a1;
+    team_span(t, N / 16, &a0, &a1);
+    for (int s = a0; s < a1; s++) {
+        const int n0 = s * 16;
+        i8_strip_any(w, n0, u, s0, s1);
+        i16_widen_strip(u, NB);
+        for (int mt = 0; mt < MT; mt += 2) {
+            const int two_tiles = mt + 1 < MT, rows = M - mt * 8 < 16 ? M - mt * 8 : 16;
+            const float *da = dx + (size_t)mt * NB * 8, *dsa = dxs + (size_t)mt * NB * 8;
+            for (int c0 = 0; c0 < 16; c0 += 4) {
+                if (two_tiles)
+                    i16_tile4((const int16_t *)u, s0, s1, xq + mt * tb, xq + (mt + 1) * tb, da, dsa, da + (size_t)NB * 8,
+                              dsa + (size_t)NB * 8, NB, c0, ctile + c0 * 16, 1);
+                else
+                    i16_tile4((const int16_t *)u, s0, s1, xq + mt * tb, xq + mt * tb, da, dsa, da, dsa, NB, c0,
+                              ctile + c0 * 16, 0);
+            }
+            i8_store_tile(ctile, y + (size_t)mt * 8 * ldy + n0, ldy, rows, acc);
+        }
+    }
+}
+
+#endif
