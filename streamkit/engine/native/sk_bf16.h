@@ -106,19 +106,6 @@ static void dq_strip_any(const sk_w *w, int n0, uint16_t *buf, int il) {
     }
 }
 
-static __thread uint16_t *t_strip;
-static __thread size_t t_strip_cap;
-
-static uint16_t *strip_buffer(size_t elems) {
-    if (t_strip_cap < elems) {
-        free(t_strip);
-        t_strip = aligned_alloc(64, (elems * 2 + 63) / 64 * 64);
-        if (!t_strip) abort(); /* a few hundred KB per thread: nothing sensible is left to do */
-        t_strip_cap = elems;
-    }
-    return t_strip;
-}
-
 /* C[c][m] = sum over k of A[c][k] x[m][k] for 16 weight columns c (a strip, bf16, block-interleaved
  * [K/32][16][32]) and the 16 rows m of one packed tile row of x (bt: K/32 tiles of [16 pairs][16
  * rows][2]); r[c] = column c's 16 rows. One x load feeds 16 vdpbf16ps, each with a weight pair
@@ -144,7 +131,7 @@ static void mm_dpbf16_team(const sk_w *w, int M, const float *x, int ldx, uint32
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
     pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, t);
     team_barrier(t);
-    uint16_t *buf = strip_buffer((size_t)16 * K);
+    uint16_t *buf = strip_buffer((size_t)16 * K * 2);
     int s0, s1;
     team_span(t, N / 16, &s0, &s1);
     for (int s = s0; s < s1; s++) {
@@ -185,7 +172,7 @@ static void mm_amx_team(const sk_w *w, int M, const float *x, int ldx, uint32_t 
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
     pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, t);
     team_barrier(t);
-    uint16_t *buf = strip_buffer((size_t)32 * K);
+    uint16_t *buf = strip_buffer((size_t)32 * K * 2);
     float ctile[2][16 * 16] __attribute__((aligned(64)));
     int s0, s1;
     team_span(t, (N + 31) / 32, &s0, &s1);

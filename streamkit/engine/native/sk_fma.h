@@ -86,9 +86,6 @@ static void mm_fma_team(const sk_w *w, int M, const float *x, int ldx, float *y,
     }
 }
 
-static __thread float *t_fstrip;
-static __thread size_t t_fstrip_cap;
-
 /* Batched fp32 path: each thread dequantizes strips of SK_FSTRIP output columns into fp32 once per
  * step and runs the F32 tiles over every row of x, so a weight is read from memory and
  * dequantized once per step instead of once per 4 rows. The strip holds exactly the values
@@ -97,22 +94,16 @@ static __thread size_t t_fstrip_cap;
 #define SK_FSTRIP 16
 static void mm_strip_team(const sk_w *w, int M, const float *x, int ldx, float *y, int ldy, int acc, sk_team *t) {
     const int K = w->k, N = w->n;
-    const size_t need = (size_t)SK_FSTRIP * K;
-    if (t_fstrip_cap < need) {
-        free(t_fstrip);
-        t_fstrip = aligned_alloc(64, need * 4);
-        if (!t_fstrip) abort(); /* tens of KB per thread */
-        t_fstrip_cap = need;
-    }
+    float *buf = strip_buffer((size_t)SK_FSTRIP * K * 4);
     int s0, s1;
     team_span(t, (N + SK_FSTRIP - 1) / SK_FSTRIP, &s0, &s1);
     for (int s = s0; s < s1; s++) {
         const int n0 = s * SK_FSTRIP, cnt = N - n0 < SK_FSTRIP ? N - n0 : SK_FSTRIP;
         for (int c = 0; c < cnt; c++) {
             prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
-            dq_row(w, n0 + c, t_fstrip + (size_t)c * K);
+            dq_row(w, n0 + c, buf + (size_t)c * K);
         }
-        const sk_w strip = {SK_F32, cnt, K, (const uint8_t *)t_fstrip, NULL};
+        const sk_w strip = {SK_F32, cnt, K, (const uint8_t *)buf, NULL};
         for (int r = 0; r < M; r += 4) {
             const int mr = M - r < 4 ? M - r : 4;
             fma_cols(&strip, mr, x + (size_t)r * ldx, ldx, y + (size_t)r * ldy + n0, ldy, acc, 0, cnt);

@@ -97,9 +97,6 @@ INLINE void i16_tile4(const int16_t *u, const float *s0, const float *s1, const 
     }
 }
 
-static __thread uint8_t *t_i16strip;
-static __thread size_t t_i16strip_cap;
-
 /* y [M][ldy] (+)= x . W^T on the int16 path; xbuf: xb_elems(M, K) * 4 bytes shared by the team */
 static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf, float *y, int ldy, int acc,
                         sk_team *t) {
@@ -108,14 +105,7 @@ static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbu
     float *dx = (float *)((uint8_t *)xbuf + (size_t)MT * NB * I16_TILE_BYTES), *dxs = dx + (size_t)MT * NB * 8;
     i16_pack_x_team(x, ldx, M, K, xq, dx, dxs, t);
     team_barrier(t);
-    const size_t need = (size_t)16 * K * 2 + 2 * (size_t)16 * NB * 4;
-    if (t_i16strip_cap < need) {
-        free(t_i16strip);
-        t_i16strip = aligned_alloc(64, (need + 63) / 64 * 64);
-        if (!t_i16strip) abort();
-        t_i16strip_cap = need;
-    }
-    uint8_t *u = t_i16strip;
+    uint8_t *u = strip_buffer((size_t)16 * K * 2 + 2 * (size_t)16 * NB * 4);
     float *s0 = (float *)(u + (size_t)16 * K * 2), *s1 = s0 + (size_t)16 * NB;
     float ctile[16 * 16] __attribute__((aligned(64)));
     const size_t tb = (size_t)NB * (I16_TILE_BYTES / 2); /* int16 per 8-row tile */

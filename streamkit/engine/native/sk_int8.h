@@ -293,8 +293,6 @@ INLINE void i8_tile_ymm(const uint8_t *u, const float *s0, const float *s1, cons
 }
 #endif
 
-static __thread uint8_t *t_i8strip;
-static __thread size_t t_i8strip_cap;
 
 /* y [M][ldy] (+)= x . W^T on the int8 path; xbuf: i8_x_bytes(M, K, two) bytes shared by the team */
 static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf, float *y, int ldy, int acc,
@@ -305,14 +303,7 @@ static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf
     float *dx = (float *)(xq + (two ? 2 : 1) * t2), *dxs = dx + (size_t)MT * NB * 16;
     i8_pack_x_team(x, ldx, M, K, xq, dx, dxs, two, t);
     team_barrier(t);
-    const size_t need = (size_t)16 * K + 2 * (size_t)16 * NB * 4;
-    if (t_i8strip_cap < need) {
-        free(t_i8strip);
-        t_i8strip = aligned_alloc(64, (need + 63) / 64 * 64);
-        if (!t_i8strip) abort();
-        t_i8strip_cap = need;
-    }
-    uint8_t *u = t_i8strip;
+    uint8_t *u = strip_buffer((size_t)16 * K + 2 * (size_t)16 * NB * 4);
     float *s0 = (float *)(u + (size_t)16 * K), *s1 = s0 + (size_t)16 * NB;
     float ctile[16 * 16] __attribute__((aligned(64)));
     int a0, a1;

@@ -176,4 +176,19 @@ INLINE __m256 exp8(__m256 x) {
 INLINE v16 v16_exp(v16 x) { return v16_make(exp8(x.a), exp8(x.b)); }
 #endif
 
+/* this thread's scratch for a weight strip (and its scales), at least `bytes`, kept between calls: a
+ * thread runs one matmul at a time, so every path's strips share it (tens to hundreds of KB) */
+static __thread void *t_strip;
+static __thread size_t t_strip_cap;
+
+static void *strip_buffer(size_t bytes) {
+    if (t_strip_cap < bytes) {
+        free(t_strip);
+        t_strip = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!t_strip) abort(); /* nothing sensible is left to do */
+        t_strip_cap = bytes;
+    }
+    return t_strip;
+}
+
 #endif
