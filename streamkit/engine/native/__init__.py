@@ -8,8 +8,8 @@ tunes), at run time (like Triton or torch's cpp extensions), not at install time
           has AVX512_VNNI, else vdpbf16ps where it has AVX512_BF16 (AMD Zen 4/5, Cooper Lake), else
           fp32 FMAs over strips dequantized once per step;
   avx2    AVX2 + FMA + F16C, no AVX-512 instruction anywhere (most laptops, many CI runners):
-          batched steps in int8 with vpdpbusd on ymm where the CPU has AVX-VNNI (Intel client
-          cores since Alder Lake, AMD Zen 5), else on int16 activations with vpmaddwd.
+          batched steps on int16 activations, with vpdpwssd where the CPU has AVX-VNNI (Intel
+          client cores since Alder Lake, AMD Zen 5), else vpmaddwd.
 The best path the CPU has is the default; STREAMKIT_NATIVE_ISA=avx512|avx2 (or the engine option
 `native_isa`) forces a lower one, and asking for a path the CPU lacks is a ValueError. A path as a CPU
 without some of its optional flags builds it is named "avx2 without avx_vnni" (flags joined by "+"):
@@ -54,7 +54,7 @@ REQUIRES["amx"] = REQUIRES["avx512"] | {"avx512_bf16", "amx_tile", "amx_bf16"}
 # weight formats understood by the kernels (block layouts exactly as in GGUF files)
 FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2, "Q4_0": 3, "Q4_K": 4, "Q6_K": 5, "Q5_K": 6, "F16": 7, "BF16": 8}
 # sk_init's capability bits
-CAP_AMX, CAP_BF16, CAP_AVX512, CAP_INT8, CAP_INT16 = 2, 4, 8, 16, 32
+CAP_AMX, CAP_BF16, CAP_AVX512, CAP_INT8, CAP_INT16, CAP_AVXVNNI = 2, 4, 8, 16, 32, 64
 
 _lock = threading.RLock()
 _libs: dict[str, ctypes.CDLL | None] = {}
@@ -269,8 +269,8 @@ def fast_dpbf16() -> bool:
 
 
 def int8_terms() -> int:
-    """Activation terms of the batched int8 kernel (avx512 with VNNI, avx2 with AVX-VNNI), 0 where it is not used:
-    STREAMKIT_NATIVE_INT8 (2, 1 or 0), default 2; 0 turns off the int16 kernel of avx2 without AVX-VNNI too. Two terms keep greedy output equal to fp32's (20
+    """Activation terms of the batched int8 kernel (avx512 with VNNI), 0 where it is not used:
+    STREAMKIT_NATIVE_INT8 (2, 1 or 0), default 2; 0 turns off avx2's int16 kernel too. Two terms keep greedy output equal to fp32's (20
     of 20 bench prompts on Zen 5 and on Intel); one term, llama.cpp's scheme, does not, and neither
     quite does vdpbf16ps, 15-20 % faster on Zen 5 at 16 streams but 17 of 20 (docs/engine.md)."""
     env = os.environ.get("STREAMKIT_NATIVE_INT8", "")
@@ -295,7 +295,7 @@ def describe(isa: str | None = None) -> str:
         vnni = "VNNI" if c & CAP_AVX512 else "AVX-VNNI on ymm"
         batched = f"int8 {vnni}, {'one' if terms == 1 else 'two'}-term activations (else {batched})"
     elif c & CAP_INT16 and terms:
-        batched = f"int16 activations, vpmaddwd (else {batched})"
+        batched = f"int16 activations, {'vpdpwssd (AVX-VNNI)' if c & CAP_AVXVNNI else 'vpmaddwd'} (else {batched})"
     return f"{name} ({'AVX-512' if c & CAP_AVX512 else 'AVX2+FMA, no AVX-512'}; batched steps: {batched})"
 
 

@@ -4,7 +4,7 @@ Same contract as `LlamaModel.forward(StepBatch)`; weights stay in the GGUF's own
 Two modes:
   native       fp32 activations, float16 KV cache; steps of at least `bf16_min_rows` rows multiply in
                bf16 (fp32 accumulation) on AMX tiles or with vdpbf16ps, or from `int8_min_rows` with
-               int8 VNNI on two-term int8 activations (avx2 without AVX-VNNI: int16 activations),
+               int8 VNNI on two-term int8 activations (avx2: int16 activations),
                where the path has them (see streamkit.engine.native), fewer rows dequantize into
                fp32 FMAs. The CPU default.
   native-fp32  fp32 FMAs for every step and a float32 KV cache: the same arithmetic as the fp32
@@ -41,7 +41,7 @@ DPBF16_MIN_ROWS = 12
 # strips on every matmul of a layer (Zen 5, 1 thread, 8 rows: gate+up 152 vs 412 us; at 6 rows
 # they tie and the fp32 down projection is faster, 73 vs 90 us).
 DPBF16_MIN_ROWS_AMD = 8
-# The int8 path (avx512 where the CPU has AVX512_VNNI, avx2 where it has AVX-VNNI; sk_int8.h): activations quantized
+# The int8 path (avx512 where the CPU has AVX512_VNNI; sk_int8.h): activations quantized
 # to int8 per block of 32 values. One term (llama.cpp's scheme): 2.7x the fp32 strips at 16 rows
 # here (gate+up, 1 thread: 221 vs 628 us) but it fails the greedy-agreement gate (72 of 91 steps
 # of the test prompts; docs/engine.md). Two terms (the second quantizes what the first left, ~15
@@ -50,9 +50,10 @@ DPBF16_MIN_ROWS_AMD = 8
 # (vdpbf16ps then, where the CPU has it). It pads rows to tiles
 # of 16: the fp32 path is faster below 8 rows (6 rows: 229 vs 274 us).
 INT8_MIN_ROWS = 8
-# The int16 path (avx2 without AVX-VNNI, sk_int16.h: int16 activations, vpmaddwd) pads rows to tiles of
-# 8 and beats the fp32 strips from 5 rows (Zen 5 as such a CPU, 2 threads, every matmul of a step:
-# SmolLM2 5 rows 10.6 vs 11.6 ms, 16 rows 20.5 vs 45.1; the 1.5B 5 rows 158 vs 183 ms).
+# The int16 path (avx2, sk_int16.h: int16 activations, vpdpwssd with AVX-VNNI, else vpmaddwd) pads rows
+# to tiles of 8 and beats the fp32 strips from 5 rows (Zen 5 built as a CPU without AVX-VNNI, 2
+# threads, every matmul of a step: SmolLM2 5 rows 10.6 vs 11.6 ms, 16 rows 20.5 vs 45.1; the 1.5B 5
+# rows 158 vs 183 ms). With AVX-VNNI it also beats two-term int8 on ymm (16 rows 15.8 vs 17.6 ms).
 INT16_MIN_ROWS = 5
 INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
 # Steps of 1-4 rows (decode at batch 1-4, a speculative verify) on Q4_K / Q6_K weights, and of 1-2

@@ -1,8 +1,9 @@
-/* The batched path of the avx2 build on a CPU without AVX-VNNI (most laptops before Alder Lake, AMD
- * before Zen 5): activations quantized to int16 per block of 32 values (one fp32 scale a block, about
- * the precision of sk_int8.h's two int8 terms), weights as sk_int8.h's strips of unsigned 4- or 8-bit
- * integers widened to int16, products summed in int32 by vpmaddwd + vpaddd (16 multiply-adds for one
- * multiplier-pipe instruction, against 8 for an fp32 FMA) and scaled per block in fp32 as there:
+/* The batched path of the avx2 build (most laptops, many CI runners): activations quantized to int16
+ * per block of 32 values (one fp32 scale a block, about the precision of sk_int8.h's two int8 terms),
+ * weights as sk_int8.h's strips of unsigned 4- or 8-bit integers widened to int16, products summed in
+ * int32 by vpdpwssd where the CPU has AVX-VNNI (Intel client cores since Alder Lake, AMD Zen 5), else
+ * vpmaddwd + vpaddd (16 multiply-adds for one multiplier-pipe instruction, against 8 for an fp32 FMA),
+ * and scaled per block in fp32 as there:
  *   sum_k value_k * x_k = s0 * dx * sum_k u_k qx_k + s1 * dx * sum_k qx_k,  x_k ~ dx * qx_k.
  * A block's int32 sums stay below 2^31: 32 products of u <= 255 and |qx| <= 32767.
  *
@@ -54,6 +55,15 @@ static void i16_pack_x_team(const float *x, int ldx, int M, int K, int16_t *xq, 
     }
 }
 
+/* acc + the int16 pair products of w and x, summed per int32 lane */
+INLINE __m256i i16_dot(__m256i acc, __m256i w, __m256i x) {
+#if SK_VNNI256
+    return _mm256_dpwssd_avx_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+#endif
+}
+
 /* the strip's u8 values (i8_strip) widened to int16, in place from the back */
 INLINE void i16_widen_strip(uint8_t *u, int NB) {
     int16_t *w = (int16_t *)u;
@@ -80,8 +90,8 @@ INLINE void i16_tile4(const int16_t *u, const float *s0, const float *s1, const 
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 const __m256i wb = _mm256_set1_epi32((int)uk[c * 16 + p]);
-                acc[c][0] = _mm256_add_epi32(acc[c][0], _mm256_madd_epi16(wb, x0));
-                if (two_tiles) acc[c][1] = _mm256_add_epi32(acc[c][1], _mm256_madd_epi16(wb, x1));
+                acc[c][0] = i16_dot(acc[c][0], wb, x0);
+                if (two_tiles) acc[c][1] = i16_dot(acc[c][1], wb, x1);
             }
         }
         const float *a = s0 + (size_t)kb * 16 + c0, *o = s1 + (size_t)kb * 16 + c0;

@@ -17,8 +17,8 @@
  * scales s0, s1 [K/32][16]; x to tiles of 16 rows, [16-row tile][K/32][8 groups of 4 k][16 rows][4]
  * int8 with dx and dx * sum(qx) [16-row tile][K/32][16]. A 16-row tile times 8 columns keeps 8
  * int32 and 8 fp32 accumulators (lanes = rows), each weight dword broadcast from the strip.
- * The avx2 build on a CPU with AVX-VNNI (SK_VNNI256: Intel client cores since Alder Lake, AMD Zen 5)
- * runs the same layouts and arithmetic on ymm, half a tile's rows at a time.
+ * (The avx2 build's batched steps take int16 activations instead: sk_int16.h, which reads the
+ * strips below.)
  * Included by sk_kernels.c only, where SK_VNNI is set. */
 #ifndef SK_INT8_H
 #define SK_INT8_H
@@ -127,7 +127,6 @@ INLINE void i8_store_tile(const float *ct, float *y, int ldy, int rows, int acc)
 }
 
 #if SK_VNNI /* the kernels */
-#if !SK_VNNI256
 /* 8 columns (c0..c0+7 of the strip) of one 16-row tile: out[c] = column c's 16 rows; two: x has a
  * second term (tile at xt + t2, scales at dx + s2), multiplied with the same weight broadcasts */
 INLINE void i8_tile8(const uint8_t *u, const float *s0, const float *s1, const uint8_t *xt, const float *dx,
@@ -173,126 +172,6 @@ INLINE void i8_tile8(const uint8_t *u, const float *s0, const float *s1, const u
     }
     for (int c = 0; c < 8; c++) _mm512_store_ps(out + c * 16, f[c]);
 }
-#else
-/* AVX-VNNI (vpdpbusd on ymm, the avx2 build): 4 columns (c0..c0+3 of the strip) of the first 8
- * rows of a 16-row tile (a tile of at most 8 rows), out[c * 16] = column c's 8 rows; the same
- * arithmetic as i8_tile8 at half the width (15 of the 16 ymm registers) */
-INLINE void i8_tile4(const uint8_t *u, const float *s0, const float *s1, const uint8_t *xt, const float *dx,
-                     const float *dxs, int NB, int c0, float *out, int two, size_t t2, size_t s2) {
-    __m256 f[4];
-    for (int c = 0; c < 4; c++) f[c] = _mm256_setzero_ps();
-    for (int kb = 0; kb < NB; kb++) {
-        const uint32_t *uk = (const uint32_t *)(u + (size_t)kb * 512) + c0 * 8;
-        const uint8_t *xk = xt + (size_t)kb * 512;
-        __m256i acc[4], acc2[4];
-        for (int c = 0; c < 4; c++) acc[c] = acc2[c] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xk + g * 64));
-            if (two) {
-                const __m256i xv2 = _mm256_loadu_si256((const __m256i *)(xk + t2 + g * 64));
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    const __m256i wb = _mm256_set1_epi32((int)uk[c * 8 + g]);
-                    acc[c] = _mm256_dpbusd_avx_epi32(acc[c], wb, xv);
-                    acc2[c] = _mm256_dpbusd_avx_epi32(acc2[c], wb, xv2);
-                }
-            } else {
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++)
-                    acc[c] = _mm256_dpbusd_avx_epi32(acc[c], _mm256_set1_epi32((int)uk[c * 8 + g]), xv);
-            }
-        }
-        const float *a = s0 + (size_t)kb * 16 + c0, *o = s1 + (size_t)kb * 16 + c0;
-        const size_t si = (size_t)kb * 16;
-        const __m256 d = _mm256_loadu_ps(dx + si);
-        __m256 ds = _mm256_loadu_ps(dxs + si);
-        if (two) {
-            const __m256 d2 = _mm256_loadu_ps(dx + s2 + si);
-            ds = _mm256_add_ps(ds, _mm256_loadu_ps(dxs + s2 + si));
-            for (int c = 0; c < 4; c++) {
-                const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc2[c]), d2, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[c]), d));
-                f[c] = _mm256_fmadd_ps(v, _mm256_set1_ps(a[c]), _mm256_fmadd_ps(ds, _mm256_set1_ps(o[c]), f[c]));
-            }
-        } else {
-            for (int c = 0; c < 4; c++)
-                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[c]), _mm256_mul_ps(d, _mm256_set1_ps(a[c])),
-                                       _mm256_fmadd_ps(ds, _mm256_set1_ps(o[c]), f[c]));
-        }
-    }
-    for (int c = 0; c < 4; c++) _mm256_storeu_ps(out + c * 16, f[c]);
-}
-
-/* 2 columns (c0, c0 + 1) of a tile of 9-16 rows, as two halves of 8: each weight broadcast feeds 4
- * vpdpbusd (two terms) or 2, against 2 or 1 in i8_tile4 (Zen 5, SmolLM2's matmuls at 16 rows, 2
- * threads: 17.9 ms against 22.7 for i8_tile4 on each half); out[c * 16 + row] sums in memory (L1) */
-INLINE void i8_tile2x16(const uint8_t *u, const float *s0, const float *s1, const uint8_t *xt, const float *dx,
-                        const float *dxs, int NB, int c0, float *out, int two, size_t t2, size_t s2) {
-    for (int c = 0; c < 2; c++)
-        for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + c * 16 + h * 8, _mm256_setzero_ps());
-    for (int kb = 0; kb < NB; kb++) {
-        const uint32_t *uk = (const uint32_t *)(u + (size_t)kb * 512) + c0 * 8;
-        const uint8_t *xk = xt + (size_t)kb * 512;
-        __m256i acc[2][2], acc2[2][2]; /* [column][half] */
-        for (int c = 0; c < 2; c++)
-            for (int h = 0; h < 2; h++) acc[c][h] = acc2[c][h] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xk + g * 64));
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xk + g * 64 + 32));
-            if (two) {
-                const __m256i y0 = _mm256_loadu_si256((const __m256i *)(xk + t2 + g * 64));
-                const __m256i y1 = _mm256_loadu_si256((const __m256i *)(xk + t2 + g * 64 + 32));
-#pragma GCC unroll 2
-                for (int c = 0; c < 2; c++) {
-                    const __m256i wb = _mm256_set1_epi32((int)uk[c * 8 + g]);
-                    acc[c][0] = _mm256_dpbusd_avx_epi32(acc[c][0], wb, x0);
-                    acc[c][1] = _mm256_dpbusd_avx_epi32(acc[c][1], wb, x1);
-                    acc2[c][0] = _mm256_dpbusd_avx_epi32(acc2[c][0], wb, y0);
-                    acc2[c][1] = _mm256_dpbusd_avx_epi32(acc2[c][1], wb, y1);
-                }
-            } else {
-#pragma GCC unroll 2
-                for (int c = 0; c < 2; c++) {
-                    const __m256i wb = _mm256_set1_epi32((int)uk[c * 8 + g]);
-                    acc[c][0] = _mm256_dpbusd_avx_epi32(acc[c][0], wb, x0);
-                    acc[c][1] = _mm256_dpbusd_avx_epi32(acc[c][1], wb, x1);
-                }
-            }
-        }
-        const float *a = s0 + (size_t)kb * 16 + c0, *o = s1 + (size_t)kb * 16 + c0;
-        for (int h = 0; h < 2; h++) {
-            const size_t si = (size_t)kb * 16 + h * 8;
-            const __m256 d = _mm256_loadu_ps(dx + si);
-            __m256 ds = _mm256_loadu_ps(dxs + si);
-            __m256 d2 = d;
-            if (two) {
-                d2 = _mm256_loadu_ps(dx + s2 + si);
-                ds = _mm256_add_ps(ds, _mm256_loadu_ps(dxs + s2 + si));
-            }
-            for (int c = 0; c < 2; c++) {
-                float *f = out + c * 16 + h * 8;
-                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[c][h]), d);
-                if (two) v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc2[c][h]), d2, v);
-                _mm256_storeu_ps(f, _mm256_fmadd_ps(v, _mm256_set1_ps(a[c]),
-                                                    _mm256_fmadd_ps(ds, _mm256_set1_ps(o[c]), _mm256_loadu_ps(f))));
-            }
-        }
-    }
-}
-
-/* one tile of `rows` rows times the strip's 16 columns into ct ([column][row]); called with `two`
- * a constant: with it a run-time value, GCC hoisted the first term's sums out of the branch in
- * i8_tile4 and spilled the weight broadcasts (16 rows: 25.5 ms against 22.7) */
-INLINE void i8_tile_ymm(const uint8_t *u, const float *s0, const float *s1, const uint8_t *xt, const float *dx,
-                        const float *dxs, int NB, int rows, float *ct, int two, size_t t2, size_t s2) {
-    if (rows > 8)
-        for (int c0 = 0; c0 < 16; c0 += 2) i8_tile2x16(u, s0, s1, xt, dx, dxs, NB, c0, ct + c0 * 16, two, t2, s2);
-    else
-        for (int c0 = 0; c0 < 16; c0 += 4) i8_tile4(u, s0, s1, xt, dx, dxs, NB, c0, ct + c0 * 16, two, t2, s2);
-}
-#endif
-
 
 /* y [M][ldy] (+)= x . W^T on the int8 path; xbuf: i8_x_bytes(M, K, two) bytes shared by the team */
 static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf, float *y, int ldy, int acc,
@@ -314,13 +193,6 @@ static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf
         for (int mt = 0; mt < MT; mt++) {
             const size_t ti = (size_t)mt * NB;
             const int rows = M - mt * 16 < 16 ? M - mt * 16 : 16;
-#if SK_VNNI256
-            if (two)
-                i8_tile_ymm(u, s0, s1, xq + ti * 512, dx + ti * 16, dxs + ti * 16, NB, rows, ctile, 1, t2, s2);
-            else
-                i8_tile_ymm(u, s0, s1, xq + ti * 512, dx + ti * 16, dxs + ti * 16, NB, rows, ctile, 0, 0, 0);
-            i8_store_tile(ctile, y + (size_t)mt * 16 * ldy + n0, ldy, rows, acc);
-#else
             if (two) {
                 i8_tile8(u, s0, s1, xq + ti * 512, dx + ti * 16, dxs + ti * 16, NB, 0, ctile, 1, t2, s2);
                 i8_tile8(u, s0, s1, xq + ti * 512, dx + ti * 16, dxs + ti * 16, NB, 8, ctile + 128, 1, t2, s2);
@@ -331,7 +203,6 @@ static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf
             __m512 r[16];
             for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(ctile + i * 16);
             store_tile(r, y + (size_t)mt * 16 * ldy + n0, ldy, rows, acc);
-#endif
         }
     }
 }

@@ -51,9 +51,9 @@
 #define SK_VNNI256 0
 #endif
 /* the batched int8 path (sk_int8.h), where no AMX tiles take the batched steps */
-#define SK_VNNI ((SK_HAS_VNNI && !SK_AMX) || SK_VNNI256)
-/* the avx2 build without AVX-VNNI: batched steps on int16 activations (sk_int16.h) */
-#if !defined(__AVX512F__) && !SK_VNNI256
+#define SK_VNNI (SK_HAS_VNNI && !SK_AMX)
+/* the avx2 build: batched steps on int16 activations (sk_int16.h; vpdpwssd where the CPU has AVX-VNNI) */
+#ifndef __AVX512F__
 #define SK_I16 1
 #else
 #define SK_I16 0
@@ -204,10 +204,10 @@ typedef struct {
 } sk_model;
 
 /* bit 0: loaded; 1: AMX tiles granted; 2: the bf16 paths compiled in (AVX512_BF16); 3: AVX-512
- * (not the AVX2 build); 4: the int8 path compiled in (AVX512_VNNI, AVX-VNNI); 5: the int16 path
- * (the AVX2 build without AVX-VNNI) */
+ * (not the AVX2 build); 4: the int8 path compiled in (AVX512_VNNI); 5: the int16 path (the AVX2
+ * build); 6: AVX-VNNI compiled in (the AVX2 build's vpdpbusd / vpdpwssd) */
 SK_API int sk_init(void) {
-    int caps = 1 | (SK_BF16 << 2) | (SK_VNNI << 4) | (SK_I16 << 5);
+    int caps = 1 | (SK_BF16 << 2) | (SK_VNNI << 4) | (SK_I16 << 5) | (SK_VNNI256 << 6);
 #ifdef __AVX512F__
     caps |= 8;
 #endif
