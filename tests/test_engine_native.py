@@ -32,8 +32,8 @@ NEEDS_NATIVE = pytest.mark.skipif(not native.available(), reason=f"native kernel
 
 def _variants() -> list[str]:
     """The builds of CPUs without the optional features this one has: AVX2 without AVX-VNNI (most
-    laptops: fp32 batched steps, the few-row kernel on vpmaddubsw), AVX-512 without VNNI (vdpbf16ps)
-    and without VNNI or BF16 (Skylake-X: fp32 and vpmaddubsw)."""
+    laptops: int16 batched steps on vpmaddwd, the few-row kernel on vpmaddubsw), AVX-512 without VNNI
+    (vdpbf16ps) and without VNNI or BF16 (Skylake-X: fp32 strips and vpmaddubsw)."""
     have = set(cores.cpu_flags())
     wanted = [("avx2", {"avx_vnni"}), ("avx512", {"avx512_vnni"}), ("avx512", {"avx512_vnni", "avx512_bf16"})]
     return [native.variant(path, drop) for path, drop in wanted if drop & have]
@@ -303,7 +303,7 @@ def test_bad_int8_setting_is_a_clear_error(monkeypatch):
 
 
 def test_a_compiler_without_the_optional_flags_still_builds_the_path(monkeypatch, tmp_path):
-    """GCC 10 knows no -mavxvnni: the avx2 path is built without its int8 kernel, not lost."""
+    """GCC 10 knows no -mavxvnni: the avx2 path is built without AVX-VNNI (int16 on vpmaddwd), not lost."""
     gcc = native._compiler()
     if gcc is None or native.missing("avx2") or "-mavxvnni" not in native.isa_flags("avx2"):
         pytest.skip("needs a C compiler and a CPU with AVX2 and AVX-VNNI")

@@ -270,9 +270,10 @@ def fast_dpbf16() -> bool:
 
 def int8_terms() -> int:
     """Activation terms of the batched int8 kernel (avx512 with VNNI), 0 where it is not used:
-    STREAMKIT_NATIVE_INT8 (2, 1 or 0), default 2; 0 turns off avx2's int16 kernel too. Two terms keep greedy output equal to fp32's (20
-    of 20 bench prompts on Zen 5 and on Intel); one term, llama.cpp's scheme, does not, and neither
-    quite does vdpbf16ps, 15-20 % faster on Zen 5 at 16 streams but 17 of 20 (docs/engine.md)."""
+    STREAMKIT_NATIVE_INT8 (2, 1 or 0), default 2; 0 turns off avx2's int16 kernel too. Two terms
+    keep greedy output equal to fp32's (20 of 20 bench prompts on Zen 5 and on Intel); one term,
+    llama.cpp's scheme, does not, and neither quite does vdpbf16ps, 15-20 % faster on Zen 5 at 16
+    streams but 17 of 20 (docs/engine.md)."""
     env = os.environ.get("STREAMKIT_NATIVE_INT8", "")
     if env and env not in ("0", "1", "2"):
         raise ValueError(f"STREAMKIT_NATIVE_INT8={env!r}: expected 2 (two-term activations), 1 (one term) "
@@ -292,8 +293,7 @@ def describe(isa: str | None = None) -> str:
                else "fp32 FMAs over strips dequantized once per step")
     terms = int8_terms()
     if c & CAP_INT8 and terms:
-        vnni = "VNNI" if c & CAP_AVX512 else "AVX-VNNI on ymm"
-        batched = f"int8 {vnni}, {'one' if terms == 1 else 'two'}-term activations (else {batched})"
+        batched = f"int8 VNNI, {'one' if terms == 1 else 'two'}-term activations (else {batched})"
     elif c & CAP_INT16 and terms:
         batched = f"int16 activations, {'vpdpwssd (AVX-VNNI)' if c & CAP_AVXVNNI else 'vpmaddwd'} (else {batched})"
     return f"{name} ({'AVX-512' if c & CAP_AVX512 else 'AVX2+FMA, no AVX-512'}; batched steps: {batched})"

@@ -107,6 +107,14 @@ INLINE void i16_tile4(const int16_t *u, const float *s0, const float *s1, const 
     }
 }
 
+/* the 16 x 16 tile ct ([column][row]) into y's rows (+= where acc) */
+INLINE void i16_store_tile(const float *ct, float *y, int ldy, int rows, int acc) {
+    for (int m = 0; m < rows; m++) {
+        float *o = y + (size_t)m * ldy;
+        for (int c = 0; c < 16; c++) o[c] = acc ? o[c] + ct[c * 16 + m] : ct[c * 16 + m];
+    }
+}
+
 /* y [M][ldy] (+)= x . W^T on the int16 path; xbuf: xb_elems(M, K) * 4 bytes shared by the team */
 static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf, float *y, int ldy, int acc,
                         sk_team *t) {
@@ -136,7 +144,7 @@ static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbu
                     i16_tile4((const int16_t *)u, s0, s1, xq + mt * tb, xq + mt * tb, da, dsa, da, dsa, NB, c0,
                               ctile + c0 * 16, 0);
             }
-            i8_store_tile(ctile, y + (size_t)mt * 8 * ldy + n0, ldy, rows, acc);
+            i16_store_tile(ctile, y + (size_t)mt * 8 * ldy + n0, ldy, rows, acc);
         }
     }
 }

@@ -19,7 +19,7 @@
  * int32 and 8 fp32 accumulators (lanes = rows), each weight dword broadcast from the strip.
  * (The avx2 build's batched steps take int16 activations instead: sk_int16.h, which reads the
  * strips below.)
- * Included by sk_kernels.c only, where SK_VNNI is set. */
+ * Included by sk_kernels.c only, where SK_VNNI (or SK_I16, for the strips) is set. */
 #ifndef SK_INT8_H
 #define SK_INT8_H
 
@@ -115,14 +115,6 @@ static void i8_strip_any(const sk_w *w, int n0, uint8_t *u, float *s0, float *s1
     case SK_Q4_0: i8_strip(SK_Q4_0, w, n0, u, s0, s1); break;
     case SK_Q4_K: i8_strip(SK_Q4_K, w, n0, u, s0, s1); break;
     default: i8_strip(SK_Q8_0, w, n0, u, s0, s1); break;
-    }
-}
-
-/* the 16 x 16 tile ct ([column][row]) into y's rows (+= where acc) */
-INLINE void i8_store_tile(const float *ct, float *y, int ldy, int rows, int acc) {
-    for (int m = 0; m < rows; m++) {
-        float *o = y + (size_t)m * ldy;
-        for (int c = 0; c < 16; c++) o[c] = acc ? o[c] + ct[c * 16 + m] : ct[c * 16 + m];
     }
 }
 
