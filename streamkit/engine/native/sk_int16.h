@@ -55,15 +55,6 @@ static void i16_pack_x_team(const float *x, int ldx, int M, int K, int16_t *xq, 
     }
 }
 
-/* acc + the int16 pair products of w and x, summed per int32 lane */
-INLINE __m256i i16_dot(__m256i acc, __m256i w, __m256i x) {
-#if SK_VNNI256
-    return _mm256_dpwssd_avx_epi32(acc, w, x);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
-#endif
-}
-
 /* the strip's u8 values (i8_strip) widened to int16, in place from the back */
 INLINE void i16_widen_strip(uint8_t *u, int NB) {
     int16_t *w = (int16_t *)u;
@@ -90,8 +81,8 @@ INLINE void i16_tile4(const int16_t *u, const float *s0, const float *s1, const 
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 const __m256i wb = _mm256_set1_epi32((int)uk[c * 16 + p]);
-                acc[c][0] = i16_dot(acc[c][0], wb, x0);
-                if (two_tiles) acc[c][1] = i16_dot(acc[c][1], wb, x1);
+                acc[c][0] = gv_madd_acc(acc[c][0], wb, x0); /* sk_gemv.h: vpdpwssd or vpmaddwd + vpaddd */
+                if (two_tiles) acc[c][1] = gv_madd_acc(acc[c][1], wb, x1);
             }
         }
         const float *a = s0 + (size_t)kb * 16 + c0, *o = s1 + (size_t)kb * 16 + c0;
