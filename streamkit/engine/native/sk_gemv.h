@@ -158,6 +158,16 @@ INLINE __m512i dot_u8s8(__m512i acc, __m512i u, __m512i x) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
 #endif
 }
+
+/* dot_u8s8 of two register pairs of 4-bit u (see dot256_4bit_pair) */
+INLINE __m512i dot_u8s8_4bit_pair(__m512i u0, __m512i x0, __m512i u1, __m512i x1) {
+#if SK_HAS_VNNI
+    return dot_u8s8(dot_u8s8(_mm512_setzero_si512(), u0, x0), u1, x1);
+#else
+    return _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(u0, x0), _mm512_maddubs_epi16(u1, x1)),
+                             _mm512_set1_epi16(1));
+#endif
+}
 #endif
 
 /* One register of G blocks (int8 values, int16 pairs, int32 sums) and its float counterpart: the
@@ -401,6 +411,18 @@ INLINE __m256i dot256(__m256i acc, __m256i u, __m256i x) {
 #endif
 }
 
+/* dot256 of two register pairs of 4-bit u: without VNNI the int16 pairs of both products are added
+ * before one widening (|u x + u x| <= 2 * 15 * 127, twice that still fits in int16), so a block pair
+ * costs 3 multiplies, not 4 */
+INLINE __m256i dot256_4bit_pair(__m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+#if SK_HAS_VNNI || SK_VNNI256
+    return dot256(dot256(_mm256_setzero_si256(), u0, x0), u1, x1);
+#else
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1)),
+                             _mm256_set1_epi16(1));
+#endif
+}
+
 /* Each row sums into GEMV_ACC registers, one FMA each per iteration: a single register made the
  * loop one chain of FMA latencies, which bounded the avx2 path's batch-1 step (Q8_0: 4 FMAs of
  * 4 cycles per 64 weights). Slot t is term t; Q8_0 (one FMA per block and term) adds 2 + t for its
@@ -438,7 +460,7 @@ INLINE void gemv_pair(int fmt, int MR, const sk_w *w, int n, int b, const uint8_
                 f[r][2 + t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot256(_mm256_setzero_si256(), u[1], _mm256_sign_epi8(x1, sg[1]))),
                                               _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(1)), f[r][2 + t]);
             } else { /* group order: each register holds 16 values of both blocks, 4 lanes each */
-                const __m256i i = dot256(dot256(_mm256_setzero_si256(), u[0], x0), u[1], x1);
+                const __m256i i = dot256_4bit_pair(u[0], x0, u[1], x1);
                 f[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(S, lanes4(0, 1)), f[r][t]);
             }
         }
@@ -503,7 +525,7 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
                     F[r][2 + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_u8s8(z, u1, sx1)), _mm512_permutexvar_ps(e8b, S),
                                                   F[r][2 + t]);
                 } else {
-                    const __m512i i = dot_u8s8(dot_u8s8(_mm512_setzero_si512(), u0, x0), u1, x1);
+                    const __m512i i = dot_u8s8_4bit_pair(u0, x0, u1, x1);
                     F[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(e4, S), F[r][t]);
                 }
             }
