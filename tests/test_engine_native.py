@@ -181,8 +181,8 @@ def test_bf16_matmul_every_format_accumulates(kind, rows, isa):
 @pytest.mark.parametrize("rows", [4, 12, 19])  # partial tiles of 16 rows (int16: 8) above and below 8
 @pytest.mark.parametrize("terms", [1, 2])
 def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
-    """The int8 VNNI path (activations quantized per block of 32, in one term or two) or, on avx2
-    without AVX-VNNI, the int16 one: the 4- and 8-bit formats close to the fp32 product (two terms
+    """The int8 VNNI path (activations quantized per block of 32, in one term or two) or, on avx2,
+    the int16 one: the 4- and 8-bit formats close to the fp32 product (two terms
     and int16: much closer) and visibly rounded; Q5_K, Q6_K and the float formats fall through to
     the path below, exactly."""
     caps = native.caps(isa)
@@ -336,8 +336,8 @@ def test_forcing_a_path_the_cpu_lacks_is_an_error(monkeypatch):
 
 def test_a_path_without_some_cpu_flags_is_named_like_a_path(monkeypatch):
     """STREAMKIT_NATIVE_ISA="avx2 without avx_vnni": the build a CPU without those flags gets (its
-    batched steps then on int16 activations), what the bench measures for laptops on a CPU that has
-    AVX-VNNI."""
+    int16 batched steps on vpmaddwd, not vpdpwssd), what the bench measures for laptops on a CPU that
+    has AVX-VNNI."""
     monkeypatch.setenv("STREAMKIT_NATIVE_ISA", "avx2 without avx_vnni")
     assert native.requested_isa() == "avx2 without avx_vnni"
     assert native.missing("avx2 without avx_vnni") == native.missing("avx2")
