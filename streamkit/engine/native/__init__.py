@@ -80,9 +80,14 @@ def variant(isa: str, without: Iterable[str]) -> str:
     return name
 
 
+def _base(name: str) -> tuple[str, frozenset[str]]:
+    """The path a name builds and the CPU flags its build leaves out (none for a plain path)."""
+    return _variants.get(name, (name, frozenset()))
+
+
 def missing(isa: str) -> list[str]:
     """The CPU flags this machine lacks for `isa` (empty: it can run it)."""
-    isa = _variants.get(isa, (isa,))[0]
+    isa = _base(isa)[0]
     if isa not in ISAS:
         raise ValueError(f"unknown native instruction-set path {isa!r}; expected one of {ISAS}")
     return sorted(REQUIRES[isa] - cores.cpu_flags())
@@ -166,7 +171,7 @@ def _load_isa(isa: str) -> ctypes.CDLL | None:
     if cc is None:
         _errors[isa] = "no C compiler (gcc) found"
         return None
-    base, drop = _variants.get(isa, (isa, frozenset()))
+    base, drop = _base(isa)
     try:
         flags = isa_flags(base, set(cores.cpu_flags()) - drop)
         try:
