@@ -29,6 +29,10 @@ def test_bench_engine_json_reports_medians_of_its_runs(capsys):
     # prompts from the previous run
     assert result["prefix_hit_tokens_c3"] <= 2 * 16
     assert result["ratio_b1"] is None and result["peer_b16_tps"] is None  # no peer ran
+    if result["device"] == "cpu":  # the roofline divides by the read bandwidth; a copy's is reported beside it
+        assert result["bandwidth_gbs_measured"] > 0 and result["copy_bandwidth_gbs"] > 0
+        limit_tps = result["bandwidth_gbs_measured"] * 1e3 / result["bytes_per_step_b1_mb"]
+        assert result["roofline_fraction"] == pytest.approx(result["ours_b1_tps"] / limit_tps, rel=0.02)
 
 
 def test_bench_step_times_both_paths_at_each_row_count(capsys):

@@ -207,12 +207,35 @@ def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
     assert torch.equal(under, below)  # under its threshold
 
 
+@pytest.mark.parametrize("kind", ["Q4_K", "Q4_1", "Q4_0", "Q8_0"])
+def test_batched_step_gives_a_short_last_tile_to_the_few_row_kernel(kind, isa):
+    """A batched int8 (int16) step whose last tile would hold 1-2 rows (17-18 rows; int16: 9-10)
+    multiplies those rows on the few-row kernel: the whole tiles' rows as the batched kernel gives
+    them alone, the tail's as the few-row kernel does, bit for bit, accumulating into y."""
+    caps = native.caps(isa)
+    if not caps & (native.CAP_INT8 | native.CAP_INT16):
+        pytest.skip(f"the {isa} path has no int8 or int16 matmul here ({native.describe(isa)})")
+    tile = 16 if caps & native.CAP_INT8 else 8
+    rng = np.random.default_rng(KINDS.index(kind) + 11)
+    w = _weight(kind, 80, 512, rng)
+    batched = INT8_TWO_TERMS | 31
+    for tail in (1, 2):
+        x = torch.from_numpy(rng.standard_normal((tile + tail, 512)).astype(np.float32))
+        y0 = torch.from_numpy(rng.standard_normal((tile + tail, 80)).astype(np.float32))
+        got = _matmul(w, x, 0, y=y0, isa=isa, int8_min_rows=4, int8_mask=batched | INT8_GEMV)
+        tiles = _matmul(w, x[:tile], 0, y=y0[:tile], isa=isa, int8_min_rows=4, int8_mask=batched)
+        few = _matmul(w, x[tile:], 0, y=y0[tile:], isa=isa, int8_min_rows=4, int8_mask=batched | INT8_GEMV)
+        assert torch.equal(got[:tile], tiles) and torch.equal(got[tile:], few)
+        padded = _matmul(w, x, 0, y=y0, isa=isa, int8_min_rows=4, int8_mask=batched)  # no few-row kernel
+        assert not torch.equal(padded[tile:], few)
+
+
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
 @pytest.mark.parametrize("k", [576, 768])
 def test_gemv_int8_matmul_of_few_rows(kind, rows, k, isa):
-    """The int8 path of few rows (every path; activations in two int8 terms): K-quants at 1-4 rows,
-    the formats with a scale per block at 1-2 rows, including a last group of fewer blocks (576 = 18
+    """The int8 path of few rows (every path; activations in two int8 terms): K-quants at 1-8 rows
+    (past 4, a second group of rows after the first), the formats with a scale per block at 1-2 rows, including a last group of fewer blocks (576 = 18
     blocks): close to the fp32 product and visibly rounded, y += x . W^T, every row the same as
     multiplied alone. Other cases take the fp32 path exactly."""
     if kind in K_QUANT_KINDS and k % 256:
@@ -226,7 +249,8 @@ def test_gemv_int8_matmul_of_few_rows(kind, rows, k, isa):
     mask = INT8_GEMV | INT8_TWO_TERMS
     got = _matmul(w, x, 0, y=y0, isa=isa, int8_mask=mask)
     exact = _matmul(w, x, 0, y=y0, isa=isa)
-    takes = rows <= 4 if kind in ("Q4_K", "Q6_K") else rows <= 2 and kind in ("Q4_1", "Q4_0", "Q8_0")
+    k_rows = 4 if native.caps(isa) & native.CAP_AMX else 8  # AMX tiles keep steps of 5+ rows
+    takes = rows <= k_rows if kind in ("Q4_K", "Q6_K") else rows <= 2 and kind in ("Q4_1", "Q4_0", "Q8_0")
     if not takes:
         assert torch.equal(got, exact)
         return
@@ -234,6 +258,40 @@ def test_gemv_int8_matmul_of_few_rows(kind, rows, k, isa):
     assert 1e-7 < err < 2e-4, err
     alone = torch.cat([_matmul(w, x[r:r + 1], 0, y=y0[r:r + 1], isa=isa, int8_mask=mask) for r in range(rows)])
     assert torch.equal(got, alone)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("rows", [3, 4])
+def test_gemv_int8_k_chunked_passes(kind, rows, isa):
+    """At 3-4 rows a K-quant matmul whose x outgrows L1 runs in passes over chunks of K (K 4096:
+    16 super-blocks, 13 or 10 a pass), keeping each column's sums between them: the result is
+    bit for bit each row multiplied alone (one pass), and close to the fp32 product."""
+    rng = np.random.default_rng(rows + 7 * KINDS.index(kind))
+    w = _weight(kind, 40, 4096, rng)
+    x = torch.from_numpy(rng.standard_normal((rows, 4096)).astype(np.float32))
+    ref = x @ torch.from_numpy(native_dequantize(w)).T
+    mask = INT8_GEMV | INT8_TWO_TERMS
+    got = _matmul(w, x, 0, isa=isa, int8_mask=mask)
+    alone = torch.cat([_matmul(w, x[r:r + 1], 0, isa=isa, int8_mask=mask) for r in range(rows)])
+    assert torch.equal(got, alone)
+    assert ((got - ref).abs().max() / ref.abs().max()).item() < 2e-4
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q4_1", "Q4_0", "Q8_0"])
+def test_gemv_int8_one_term_for_drafts(kind, isa):
+    """Without INT8_TWO_TERMS (a draft's int8_terms = 1) the few-row path multiplies the first
+    activation term only, llama.cpp's 8 bits: further from the fp32 product than both terms, still
+    close, and every row still the row multiplied alone."""
+    rng = np.random.default_rng(KINDS.index(kind))
+    w = _weight(kind, 72, 512, rng)
+    x = torch.from_numpy(rng.standard_normal((2, 512)).astype(np.float32))
+    ref = x @ torch.from_numpy(native_dequantize(w)).T
+    one = _matmul(w, x, 0, isa=isa, int8_mask=INT8_GEMV)
+    two = _matmul(w, x, 0, isa=isa, int8_mask=INT8_GEMV | INT8_TWO_TERMS)
+    err_one, err_two = (((y - ref).abs().max() / ref.abs().max()).item() for y in (one, two))
+    assert err_two < 2e-4 and 10 * err_two < err_one < 5e-2, (err_one, err_two)
+    alone = torch.cat([_matmul(w, x[r:r + 1], 0, isa=isa, int8_mask=INT8_GEMV) for r in range(2)])
+    assert torch.equal(one, alone)
 
 
 def test_gemv_int8_handles_extreme_activations(isa):
@@ -249,9 +307,9 @@ def test_gemv_int8_handles_extreme_activations(isa):
         x[0] = 1e4  # every value at +127 after quantization
         x[1, :256] = -3.5
         ref = x @ torch.from_numpy(native_dequantize(w)).T
-        both = _matmul(w, x, 0, isa=isa, int8_mask=INT8_GEMV)
+        both = _matmul(w, x, 0, isa=isa, int8_mask=INT8_GEMV | INT8_TWO_TERMS)
         for r in range(2):
-            got = _matmul(w, x[r:r + 1], 0, isa=isa, int8_mask=INT8_GEMV)
+            got = _matmul(w, x[r:r + 1], 0, isa=isa, int8_mask=INT8_GEMV | INT8_TWO_TERMS)
             assert torch.isfinite(got).all()
             assert ((got - ref[r]).abs().max() / ref[r].abs().max()).item() < 2e-4, kind
             assert torch.equal(got[0], both[r])

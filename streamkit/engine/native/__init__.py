@@ -275,7 +275,8 @@ def fast_dpbf16() -> bool:
 
 def int8_terms() -> int:
     """Activation terms of the batched int8 kernel (avx512 with VNNI), 0 where it is not used:
-    STREAMKIT_NATIVE_INT8 (2, 1 or 0), default 2; 0 turns off avx2's int16 kernel too. Two terms
+    STREAMKIT_NATIVE_INT8 (2, 1 or 0), default 2; 0 turns off avx2's int16 kernel too. One term
+    applies to the few-row kernel (sk_gemv.h) as well; 2 and 0 leave it two terms. Two terms
     keep greedy output equal to fp32's (20 of 20 bench prompts on Zen 5 and on Intel); one term,
     llama.cpp's scheme, does not, and neither quite does vdpbf16ps, 15-20 % faster on Zen 5 at 16
     streams but 17 of 20 (docs/engine.md)."""

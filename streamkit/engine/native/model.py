@@ -56,9 +56,9 @@ INT8_MIN_ROWS = 8
 # rows 158 vs 183 ms). With AVX-VNNI it also beats two-term int8 on ymm (16 rows 15.8 vs 17.6 ms).
 INT16_MIN_ROWS = 5
 INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
-# Steps of 1-4 rows (decode at batch 1-4, a speculative verify) on Q4_K / Q6_K weights, and of 1-2
-# rows on Q4_1 / Q4_0 / Q8_0: llama.cpp's int8 schemes (sk_gemv.h), two activation terms, on every
-# instruction set.
+# Steps of 1-8 rows (decode at batch 1-8, a speculative verify; 1-4 on amx) on Q4_K / Q6_K weights,
+# and of 1-2 rows on Q4_1 / Q4_0 / Q8_0: llama.cpp's int8 schemes (sk_gemv.h), two activation terms
+# (one where INT8_TWO_TERMS is clear), on every instruction set; also a batched step's last 1-4 rows.
 # STREAMKIT_NATIVE_GEMV=0 turns it off (fp32 FMAs, as before).
 INT8_GEMV = 64
 
@@ -67,8 +67,9 @@ class NativeLlamaModel:
     def __init__(self, gm: GGUFModel, weights: str = "native", bf16_min_rows: int | None = None,
                  isa: str | None = None, int8_min_rows: int | None = None, int8_terms: int | None = None):
         """isa: the kernels' instruction-set path (native.ISAS); None: STREAMKIT_NATIVE_ISA, else the best.
-        int8_terms: activation terms of the batched int8 kernel (2, 1; 0: not used); None:
-        native.int8_terms(). One term is for drafts, which the target checks anyway."""
+        int8_terms: activation terms of the batched int8 kernel (2, 1; 0: not used), and with 1 of
+        the few-row kernel too; None: native.int8_terms(). One term is for drafts, which the target
+        checks anyway."""
         if weights not in MODES:
             raise ValueError(f"unknown native weight mode {weights!r}; expected one of {MODES}")
         self.isa = native.resolve_isa(isa)

@@ -1,7 +1,7 @@
-/* The int8 path of steps with few rows (decode at batch 1-4, speculative verifies) on K-quant weights
- * (Q4_K, Q6_K: 1-4 rows), and of 1-2 rows on the formats with a scale per block (Q4_1, Q4_0, Q8_0;
- * second half of this file), on every instruction set the kernels build for (AVX2 is enough;
- * AVX-512 VNNI fuses a step).
+/* The int8 path of steps with few rows (decode at batch 1-8, speculative verifies, a batched step's
+ * short last tile) on K-quant weights (Q4_K, Q6_K: 1-8 rows), and of 1-2 rows on the formats with
+ * a scale per block (Q4_1, Q4_0, Q8_0; second half of this file), on every instruction set the
+ * kernels build for (AVX2 is enough; AVX-512 VNNI fuses a step).
  *
  * llama.cpp's scheme for these formats: activations quantized per super-block of 256 values, the
  * weights' 4- or 6-bit integers multiplied with them in int16 pairs (vpmaddubsw), the super-block's
@@ -27,13 +27,20 @@
 #include <math.h>
 
 #define SK_GEMV 64 /* the i8_mask bit: matmuls gemv_takes accepts take this path */
-/* Rows up to which this path beats the fp32 one, which dequantizes once per 4 rows: the int8 work
- * grows with every row, the weight stream does not. Zen 5, 2 threads, a whole step, fp32 vs int8 ms:
- * the 1.5B (Q4_K / Q6_K) 3 rows 60 vs 46, 4 rows 70 vs 56 (AVX2 forced: 100 vs 62, 116 vs 78); the
+/* Rows up to which this path beats the others: the int8 work grows with every row, the weight
+ * stream does not, while the batched kernels cost a whole tile of 16 rows (int16: 8) from the first
+ * row. Zen 5, 2 threads, a whole step of the 1.5B (Q4_K / Q6_K) at 3 / 4 rows: fp32 60 / 70 ms
+ * against 46 / 56 here (AVX2 forced: 100 / 116 against 62 / 78); at 5 / 6 / 8 rows (2026-12-05)
+ * fp32 FMAs (5-7 rows) or the batched int8 tile (8) 99 / 110 / 107 ms against 49 / 56 / 70 here
+ * (AVX2 forced, int16 tiles: 146 / - / 170 against 71 / - / 111); at 12 rows the tile and three
+ * groups of rows would about tie. The
  * formats with a scale per block, whose fp32 path has no integer scales to apply, tie at 3 rows
  * (SmolLM2 Q4_1: 4.7 vs 4.8; 2 rows 3.9 vs 3.5, AVX2 forced 6.1 vs 4.5). */
-#define SK_GEMV_MAX_ROWS 4
+#define SK_GEMV_MAX_ROWS 8
 #define SK_GEMV_BLOCK_ROWS 2
+/* K-quant rows one pass over a column keeps in registers; more rows take further passes over the
+ * same column right after, its weights then in L1 */
+#define SK_GEMV_GROUP 4
 /* K-quant columns prefetch their weights this many bytes ahead of the super-block being multiplied,
  * one super-block at a time: a column's rows lie one after the other, so this is one linear stream.
  * The per-column prefetch the other formats use (sk_dequant.h's prefetch_rows) pulls the whole next
@@ -201,6 +208,14 @@ INLINE gvi gv_lanes(gvi src, int a, int step) {
 }
 /* the int16-pair scales of 8 u8 (Q4_K) or 16 int8 (Q6_K) sub-block scales, one per dword */
 INLINE gvi gv_scales_u8(const uint8_t *u) { return gv_dup16(_mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u))); }
+INLINE gvi gv_scales_u8_lo(const uint8_t *u) { return _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)); }
+#if SK_HAS_VNNI
+#define GV_DPBUSD 1
+INLINE gvi gv_dpbusd(gvi acc, gvi u, gvi x) { return _mm512_dpbusd_epi32(acc, u, x); }
+#else
+#define GV_DPBUSD 0
+#endif
+INLINE gvi gv_add16(gvi a, gvi b) { return _mm512_add_epi16(a, b); }
 INLINE gvi gv_scales_i8(const int8_t *s, int g) {
     (void)g;
     return gv_dup16(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)s)));
@@ -228,6 +243,14 @@ INLINE float gv_sum(gvf f) { return sum8(f); }
 INLINE gvi gv_dup16(gvi d32) { return _mm256_or_si256(_mm256_and_si256(d32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(d32, 16)); }
 INLINE gvi gv_lanes(gvi src, int a, int step) { return _mm256_permutevar8x32_epi32(src, lanes4(a, a + step)); }
 INLINE gvi gv_scales_u8(const uint8_t *u) { return gv_dup16(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u))); }
+INLINE gvi gv_scales_u8_lo(const uint8_t *u) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)); }
+#if SK_VNNI256
+#define GV_DPBUSD 1
+INLINE gvi gv_dpbusd(gvi acc, gvi u, gvi x) { return _mm256_dpbusd_avx_epi32(acc, u, x); }
+#else
+#define GV_DPBUSD 0
+#endif
+INLINE gvi gv_add16(gvi a, gvi b) { return _mm256_add_epi16(a, b); }
 /* the 4 scales group g's blocks use, from lane 0 */
 INLINE gvi gv_scales_i8(const int8_t *s, int g) {
     int v;
@@ -235,6 +258,30 @@ INLINE gvi gv_scales_i8(const int8_t *s, int g) {
     return gv_dup16(_mm256_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
 }
 #endif
+
+/* One Q4_K register pair (lo: values 0-15 of G blocks, hi: 16-31) times the activations at xlo and
+ * xhi, for gv_madd_acc with the scales of gv_q4_scales. A block's lo and hi share one scale, so its
+ * 8 products a dword are summed before the scale is applied: with VNNI two vpdpbusd give each
+ * dword's sum, which fits in its low int16 (8 * 15 * 127), and one vpdpwssd with the scale in that
+ * low half (the high half 0) applies it: 3 instructions where maddubs + dpwssd per half took 4.
+ * Without VNNI the int16 pairs of both halves are added (2 * 2 * 15 * 127 fits) before one vpmaddwd.
+ * The integer sums are the same either way. */
+INLINE gvi gv_q4_pair(gvi lo, const int8_t *xlo, gvi hi, const int8_t *xhi) {
+#if GV_DPBUSD
+    return gv_dpbusd(gv_dpbusd(gv_zero(), lo, gv_load(xlo)), hi, gv_load(xhi));
+#else
+    return gv_add16(gv_maddubs(lo, gv_load(xlo)), gv_maddubs(hi, gv_load(xhi)));
+#endif
+}
+
+/* Q4_K's 8 sub-block scales (u8) as gv_q4_pair's multiplier, one per dword */
+INLINE gvi gv_q4_scales(const uint8_t *u) {
+#if GV_DPBUSD
+    return gv_scales_u8_lo(u);
+#else
+    return gv_scales_u8(u);
+#endif
+}
 
 /* the 6-bit values of G Q6_K blocks at q (G / 2 pairs of 48 bytes, sk_dequant.h's SK_Q6_K): values
  * 0-15 of each block in lo, 16-31 in hi. A lane of lo or hi is one block's half; its bytes' high bit
@@ -268,48 +315,79 @@ INLINE void gv_q6_values(const uint8_t *q, gvi *lo, gvi *hi) {
 }
 #endif
 
-/* y[r][n] (+)= x[r] . W[n] for MR rows (<= SK_GEMV_MAX_ROWS), W in Q4_K or Q6_K; G blocks a register */
-INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
+/* A column's sums between the passes of a K-chunked matmul (gemv_col's f and fo of one row). */
+typedef struct {
+    gvf f;
+    __m256 fo;
+} gemv_acc;
+
+/* Super-blocks of x a pass over the columns takes. At 3-4 rows a K-quant step is bound by the int8
+ * work, and x's rows spill out of L1 where K is large (per row and super-block NT * 256 int8
+ * values and 26 floats: the 1.5B's down projection, K 8960, needs 64 KB at 3 rows). Past the budget
+ * each pass covers a chunk of K and keeps every column's sums in a buffer between passes; the
+ * arithmetic, and so each row's result, is that of one pass. The down projection (Zen 5, 2 threads,
+ * all 28 layers) at 3 / 4 rows: Q6_K 7.31 -> 5.07 / 8.49 -> 5.75 ms, Q4_K 6.18 -> 4.55 / 7.24 ->
+ * 4.99. The chunks' strided reads cost bandwidth, so 1-2 rows, bound by the weight stream, keep one
+ * pass (at 1 row, chunks of 8-16 KB of x made the same matrices 1.3-1.6x slower). */
+#define SK_GEMV_X_BUDGET (24 << 10)
+INLINE int gemv_chunk(int MR, int NT, int NS) {
+    const int c = SK_GEMV_X_BUDGET / (MR * (NT * 256 + 104));
+    return MR < 3 || c >= NS ? NS : c < 8 ? 8 : c;
+}
+
+/* y[r][n] (+)= x[r] . W[n] for MR rows (<= SK_GEMV_GROUP), W in Q4_K or Q6_K; G blocks a register.
+ * Super-blocks [s0, s1) of the column: the sums start from st (unless s0 is 0) and go back to st
+ * (unless s1 is the last), for the passes of gemv_chunk. */
+INLINE void gemv_col(int fmt, int MR, int NT, const sk_w *w, int n, int s0, int s1, gemv_acc *st, const uint8_t *xb,
+                     float *y, int ldy, int acc) {
     const int K = w->k, NS = K / 256, G = SK_GEMV_G;
     const gvi m4 = gv_nib();
-    gemv_x X[SK_GEMV_MAX_ROWS];
-    gvf f[SK_GEMV_MAX_ROWS];
-    __m256 fo[SK_GEMV_MAX_ROWS]; /* the offset terms (Q4_K's mins, Q6_K's -32), 8 lanes */
+    gemv_x X[SK_GEMV_GROUP];
+    gvf f[SK_GEMV_GROUP];
+    __m256 fo[SK_GEMV_GROUP]; /* the offset terms (Q4_K's mins, Q6_K's -32), 8 lanes */
     for (int r = 0; r < MR; r++) {
         X[r] = gemv_row(xb, K, r);
-        f[r] = gv_fzero();
-        fo[r] = _mm256_setzero_ps();
+        f[r] = s0 ? st[r].f : gv_fzero();
+        fo[r] = s0 ? st[r].fo : _mm256_setzero_ps();
     }
     const size_t qsb = fmt == SK_Q4_K ? 128 : 192; /* qs bytes a super-block */
-    for (int s = 0; s < NS; s++) {
+    const int ahead_sb = SK_GEMV_AHEAD / (int)qsb;
+    for (int s = s0; s < s1; s++) {
         const float *S = w->sc + (size_t)6 * ((size_t)n * NS + s);
-        const char *ahead = (const char *)w->qs + ((size_t)n * NS + s) * qsb + SK_GEMV_AHEAD;
+        /* SK_GEMV_AHEAD bytes down the stream this pass reads: past this chunk of the column, the
+         * next column's (in one pass, the same addresses as n * NS + s + ahead_sb) */
+        const int sa = s + ahead_sb;
+        const size_t at = sa < s1 ? (size_t)n * NS + sa : (size_t)(n + 1) * NS + s0 + (sa - s1);
+        const char *ahead = (const char *)w->qs + at * qsb + SK_GEMV_AHEAD % qsb;
         for (size_t i = 0; i < qsb; i += 64) prefetch(ahead + i);
-        prefetch((const char *)S + SK_GEMV_AHEAD / 4); /* 24 bytes of scales a super-block */
-        gvi ia[SK_GEMV_MAX_ROWS][2];
+        prefetch(w->sc + 6 * at); /* 24 bytes of scales a super-block */
+        gvi ia[SK_GEMV_GROUP][2];
         for (int r = 0; r < MR; r++) ia[r][0] = ia[r][1] = gv_zero();
 #pragma GCC unroll 4
         for (int g = 0; g < 8 / G; g++) {
-            gvi lo, hi, sclo, schi;
             if (fmt == SK_Q4_K) { /* sc: float d, float dmin, u8 scale[8], u8 min[8] */
                 const gvi v = gv_load(w->qs + ((size_t)n * NS + s) * 128 + 16 * G * g);
-                lo = gv_and(v, m4);
-                hi = gv_and(gv_srli16(v, 4), m4);
-                sclo = schi = gv_lanes(gv_scales_u8((const uint8_t *)(S + 2)), G * g, 1);
+                const gvi lo = gv_and(v, m4), hi = gv_and(gv_srli16(v, 4), m4);
+                const gvi sc = gv_lanes(gv_q4_scales((const uint8_t *)(S + 2)), G * g, 1);
+                for (int r = 0; r < MR; r++)
+                    for (int t = 0; t < NT; t++) {
+                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 32 * G * g;
+                        ia[r][t] = gv_madd_acc(ia[r][t], gv_q4_pair(lo, xq, hi, xq + 16 * G), sc);
+                    }
             } else { /* SK_Q6_K; sc: float d, 4 unused bytes, int8 scale[16] (one per 16 values) */
+                gvi lo, hi;
                 gv_q6_values(w->qs + (((size_t)n * NS + s) * 8 + G * g) * 24, &lo, &hi);
                 /* block G g + b's halves use scales 2 (G g + b) and 2 (G g + b) + 1 */
                 const gvi sc = gv_scales_i8((const int8_t *)(S + 2), g);
                 const int first = G == 4 ? 8 * g : 0;
-                sclo = gv_lanes(sc, first, 2);
-                schi = gv_lanes(sc, first + 1, 2);
+                const gvi sclo = gv_lanes(sc, first, 2), schi = gv_lanes(sc, first + 1, 2);
+                for (int r = 0; r < MR; r++)
+                    for (int t = 0; t < NT; t++) {
+                        const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 32 * G * g;
+                        ia[r][t] = gv_madd_acc(ia[r][t], gv_maddubs(lo, gv_load(xq)), sclo);
+                        ia[r][t] = gv_madd_acc(ia[r][t], gv_maddubs(hi, gv_load(xq + 16 * G)), schi);
+                    }
             }
-            for (int r = 0; r < MR; r++)
-                for (int t = 0; t < 2; t++) {
-                    const int8_t *xq = X[r].q + (size_t)t * K + s * 256 + 32 * G * g;
-                    ia[r][t] = gv_madd_acc(ia[r][t], gv_maddubs(lo, gv_load(xq)), sclo);
-                    ia[r][t] = gv_madd_acc(ia[r][t], gv_maddubs(hi, gv_load(xq + 16 * G)), schi);
-                }
         }
         if (fmt == SK_Q4_K) { /* - dmin * sum_j min_j * (sum of block j's x) */
             const __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
@@ -327,7 +405,11 @@ INLINE void gemv_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, f
             }
         }
         for (int r = 0; r < MR; r++)
-            for (int t = 0; t < 2; t++) f[r] = gv_fma_i(ia[r][t], S[0] * X[r].d[t * NS + s], f[r]);
+            for (int t = 0; t < NT; t++) f[r] = gv_fma_i(ia[r][t], S[0] * X[r].d[t * NS + s], f[r]);
+    }
+    if (s1 < NS) {
+        for (int r = 0; r < MR; r++) st[r] = (gemv_acc){f[r], fo[r]};
+        return;
     }
     for (int r = 0; r < MR; r++) {
         const float sum = gv_sum(f[r]) + sum8(fo[r]);
@@ -430,7 +512,7 @@ INLINE __m256i dot256_4bit_pair(__m256i u0, __m256i x0, __m256i u1, __m256i x1) 
 #define GEMV_ACC 4
 
 /* two blocks from b of column n, 256 bits wide: f[r][] += the products, o[r] += the offsets */
-INLINE void gemv_pair(int fmt, int MR, const sk_w *w, int n, int b, const uint8_t *xb, __m256 (*f)[GEMV_ACC],
+INLINE void gemv_pair(int fmt, int MR, int NT, const sk_w *w, int n, int b, const uint8_t *xb, __m256 (*f)[GEMV_ACC],
                       __m128 *o) {
     const int K = w->k, NB = K / 32;
     const size_t gb = (size_t)n * NB + b, stride = gemv_b_stride(K);
@@ -450,7 +532,7 @@ INLINE void gemv_pair(int fmt, int MR, const sk_w *w, int n, int b, const uint8_
     for (int r = 0; r < MR; r++) {
         const uint8_t *p = xb + (size_t)r * stride;
         const float *dx = (const float *)(p + 2 * (size_t)K), *sx = dx + 2 * NB;
-        for (int t = 0; t < 2; t++) {
+        for (int t = 0; t < NT; t++) {
             const int8_t *xq = (const int8_t *)p + (size_t)t * K + 32 * b;
             const __m256 S = _mm256_castps128_ps256(_mm_mul_ps(s0, load_n(dx + t * NB + b, 2)));
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)xq), x1 = _mm256_loadu_si256((const __m256i *)(xq + 32));
@@ -474,7 +556,7 @@ INLINE float sum4(__m128 a) {
 }
 
 /* y[r][n] (+)= x[r] . W[n] for MR rows */
-INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
+INLINE void gemv_block_col(int fmt, int MR, int NT, const sk_w *w, int n, const uint8_t *xb, float *y, int ldy, int acc) {
     const int NB = w->k / 32;
     __m256 f[SK_GEMV_BLOCK_ROWS][GEMV_ACC];
     __m128 o[SK_GEMV_BLOCK_ROWS];
@@ -514,7 +596,7 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
         for (int r = 0; r < MR; r++) {
             const uint8_t *p = xb + (size_t)r * stride;
             const float *dx = (const float *)(p + 2 * (size_t)K), *sx = dx + 2 * NB;
-            for (int t = 0; t < 2; t++) {
+            for (int t = 0; t < NT; t++) {
                 const int8_t *xq = (const int8_t *)p + (size_t)t * K + 32 * b;
                 const __m512i x0 = _mm512_loadu_si512((const void *)xq), x1 = _mm512_loadu_si512((const void *)(xq + 64));
                 const __m512 S = _mm512_castps128_ps512(_mm_mul_ps(s0, _mm_loadu_ps(dx + t * NB + b)));
@@ -533,7 +615,7 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
         }
     }
 #endif
-    for (; b < NB; b += 2) gemv_pair(fmt, MR, w, n, b, xb, f, o);
+    for (; b < NB; b += 2) gemv_pair(fmt, MR, NT, w, n, b, xb, f, o);
     for (int r = 0; r < MR; r++) {
         float sum = sum8(_mm256_add_ps(_mm256_add_ps(f[r][0], f[r][1]), _mm256_add_ps(f[r][2], f[r][3]))) + sum4(o[r]);
 #ifdef __AVX512F__
@@ -544,21 +626,62 @@ INLINE void gemv_block_col(int fmt, int MR, const sk_w *w, int n, const uint8_t 
     }
 }
 
-/* this thread's columns, MR (a constant) rows each: one instantiation of COL per row count */
-#define GEMV_COLS(F, MR) for (int c = c0; c < c1; c++) { pf(w, c); COL(F, MR, w, c, xr, yr, ldy, acc); }
-#define GEMV_KCOLS(F, MR) for (int c = c0; c < c1; c++) COL(F, MR, w, c, xr, yr, ldy, acc); /* no pf: see SK_GEMV_AHEAD */
+/* this thread's columns, MR rows each, NT activation terms: constants, one instantiation of COL each */
+#define GEMV_COLS(F, MR, NT) for (int c = c0; c < c1; c++) { pf(w, c); COL(F, MR, NT, w, c, xr, yr, ldy, acc); }
+/* K-quants (no pf: see SK_GEMV_AHEAD): per column, rows 0..A-1 and then A..A+B-1 (B may be 0), in
+ * passes over chunks of K where x outgrows L1 (gemv_chunk); A, B and NT constants, so that each
+ * gemv_col is compiled for its row count (a loop over groups of rows measured 4-6 % slower at 3-4) */
+#define GEMV_KGROUP(F, MR, NT, r0) \
+    gemv_col(F, MR, NT, w, c, s0, s1, cs ? cs + (r0) : NULL, xr + (size_t)(r0) * xs, yr + (size_t)(r0) * ldy, ldy, acc)
+#define GEMV_KCOLS(F, A, B, NT)                                                                              \
+    {                                                                                                        \
+        const int NS = w->k / 256, chunk = gemv_chunk(A + B, NT, NS);                                        \
+        const size_t xs = gemv_x_stride(w->k);                                                               \
+        gemv_acc *st = chunk < NS ? strip_buffer((size_t)(c1 - c0) * (A + B) * sizeof(gemv_acc)) : NULL;    \
+        for (int s0 = 0; s0 < NS; s0 += chunk) {                                                             \
+            const int s1 = s0 + chunk < NS ? s0 + chunk : NS;                                                \
+            for (int c = c0; c < c1; c++) {                                                                  \
+                gemv_acc *cs = st ? st + (size_t)(c - c0) * (A + B) : NULL;                                  \
+                GEMV_KGROUP(F, A, NT, 0);                                                                    \
+                if (B) GEMV_KGROUP(F, B ? B : 1, NT, A);                                                     \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+#define GEMV_KQUANT(F, NT)                                                                                   \
+    switch (mr) {                                                                                            \
+    case 1: GEMV_KCOLS(F, 1, 0, NT) break;                                                                   \
+    case 2: GEMV_KCOLS(F, 2, 0, NT) break;                                                                   \
+    case 3: GEMV_KCOLS(F, 3, 0, NT) break;                                                                   \
+    case 4: GEMV_KCOLS(F, 4, 0, NT) break;                                                                   \
+    default: gemv_kquant_wide(w, mr, NT == 2, c0, c1, xr, yr, ldy, acc); break;                              \
+    }
+#define GEMV_KQUANT_WIDE(F, NT)                                                                              \
+    switch (mr) {                                                                                            \
+    case 5: GEMV_KCOLS(F, 4, 1, NT) break;                                                                   \
+    case 6: GEMV_KCOLS(F, 4, 2, NT) break;                                                                   \
+    case 7: GEMV_KCOLS(F, 4, 3, NT) break;                                                                   \
+    default: GEMV_KCOLS(F, 4, 4, NT) break;                                                                  \
+    }
+
+/* 5-8 rows of a K-quant weight: a function of its own, so that mm_gemv_team's code for 1-4 rows, the
+ * usual decode, stays as compiled before (inlined with these cases it ran 1-3 % slower at 3-4 rows) */
+__attribute__((noinline)) static void gemv_kquant_wide(const sk_w *w, int mr, int two, int c0, int c1,
+                                                        const uint8_t *xr, float *yr, int ldy, int acc) {
+    if (w->fmt == SK_Q4_K) {
+        if (two) { GEMV_KQUANT_WIDE(SK_Q4_K, 2) } else { GEMV_KQUANT_WIDE(SK_Q4_K, 1) }
+    } else {
+        if (two) { GEMV_KQUANT_WIDE(SK_Q6_K, 2) } else { GEMV_KQUANT_WIDE(SK_Q6_K, 1) }
+    }
+}
+#define GEMV_BLOCK_ROWS_NT(F, NT) /* up to SK_GEMV_BLOCK_ROWS */                                            \
+    switch (mr) {                                                                                            \
+    case 1: GEMV_COLS(F, 1, NT) break;                                                                       \
+    default: GEMV_COLS(F, 2, NT) break;                                                                      \
+    }
 #define GEMV_ROWS(F)                                                                                         \
-    switch (mr) {                                                                                            \
-    case 1: GEMV_KCOLS(F, 1) break;                                                                          \
-    case 2: GEMV_KCOLS(F, 2) break;                                                                          \
-    case 3: GEMV_KCOLS(F, 3) break;                                                                          \
-    default: GEMV_KCOLS(F, 4) break;                                                                         \
-    }
-#define GEMV_BLOCK_ROWS(F) /* up to SK_GEMV_BLOCK_ROWS */                                                    \
-    switch (mr) {                                                                                            \
-    case 1: GEMV_COLS(F, 1) break;                                                                           \
-    default: GEMV_COLS(F, 2) break;                                                                          \
-    }
+    if (two) { GEMV_KQUANT(F, 2) } else { GEMV_KQUANT(F, 1) }
+#define GEMV_BLOCK_ROWS(F)                                                                                   \
+    if (two) { GEMV_BLOCK_ROWS_NT(F, 2) } else { GEMV_BLOCK_ROWS_NT(F, 1) }
 
 /* the rows SK_PREFETCH_AHEAD bytes down this thread's weight stream */
 static inline void pf(const sk_w *w, int c) {
@@ -567,9 +690,11 @@ static inline void pf(const sk_w *w, int c) {
 }
 
 /* y [M][ldy] (+)= x . W^T for M <= SK_GEMV_MAX_ROWS, in one pass over the weights; xb (shared by
- * the team) holds the quantized x. Every row's result is the same whatever M is. */
+ * the team) holds the quantized x. Every row's result is the same whatever M is. two: both
+ * activation terms (else the first only, ~8 bits, llama.cpp's precision: for drafts, whose tokens
+ * the target checks, as the batched int8 path's int8_terms = 1). */
 static void mm_gemv_team(const sk_w *w, int M, const float *x, int ldx, uint8_t *xb, float *y, int ldy, int acc,
-                         sk_team *t) {
+                         int two, sk_team *t) {
     const int blocks = gemv_block_format(w->fmt), mr = M;
     if (blocks)
         gemv_pack_blocks_team(x, ldx, M, w->k, w->fmt != SK_Q8_0, xb, t);
@@ -581,10 +706,8 @@ static void mm_gemv_team(const sk_w *w, int M, const float *x, int ldx, uint8_t 
     const uint8_t *xr = xb;
     float *yr = y;
     switch (w->fmt) {
-#define COL gemv_col
     case SK_Q4_K: GEMV_ROWS(SK_Q4_K); break;
     case SK_Q6_K: GEMV_ROWS(SK_Q6_K); break;
-#undef COL
 #define COL gemv_block_col
     case SK_Q4_1: GEMV_BLOCK_ROWS(SK_Q4_1); break;
     case SK_Q4_0: GEMV_BLOCK_ROWS(SK_Q4_0); break;

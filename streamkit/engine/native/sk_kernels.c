@@ -58,6 +58,12 @@
 #else
 #define SK_I16 0
 #endif
+/* rows a tile of the batched kernel holds: int8's 16, int16's 8 */
+#if SK_I16
+#define SK_BATCH_TILE 8
+#else
+#define SK_BATCH_TILE 16
+#endif
 
 #include "sk_pool.h"
 #include "sk_vec.h"
@@ -91,7 +97,19 @@ static int use_bf16(const sk_w *w, int M, int bf16_min_rows) {
 
 /* the int8 path of few rows (sk_gemv.h) */
 static int use_gemv(const sk_w *w, int M, int gemv) {
+#if SK_AMX
+    if (g_amx && M > SK_GEMV_GROUP) return 0; /* AMX tiles keep 5+ rows: the two were never measured against each other */
+#endif
     return gemv && gemv_takes(w, M);
+}
+
+/* The rows of a batched int8 / int16 step past its last whole tile (16 rows, the int16 kernel's 8)
+ * that the few-row kernel takes instead: the tiles hold rows in vector lanes, so 17 rows cost two
+ * whole tiles (the 1.5B: 180 ms against 116 for 16; the 0.5B draft 57 against 38), while the
+ * few-row kernel costs one more pass over the weights and its int8 work per row. 0: none. */
+static int gemv_tail(const sk_w *w, int M, int gemv) {
+    const int tail = M % SK_BATCH_TILE;
+    return gemv && M > SK_BATCH_TILE && tail && tail <= SK_GEMV_GROUP && gemv_takes(w, tail) ? tail : 0;
 }
 
 static int use_i8(const sk_w *w, int M, int i8_min_rows) {
@@ -109,14 +127,22 @@ static int use_i8(const sk_w *w, int M, int i8_min_rows) {
  * take the int8 path of few rows where sk_gemv.h's gemv_takes says so. */
 static void matmul_team(const sk_w *w, int M, const float *x, int ldx, float *y, int ldy, int acc, int bf16_min_rows,
                         int i8_min_rows, int i8_two, int gemv, uint32_t *xb, sk_team *t) {
-    if (use_gemv(w, M, gemv)) mm_gemv_team(w, M, x, ldx, (uint8_t *)xb, y, ldy, acc, t);
+    if (use_gemv(w, M, gemv)) mm_gemv_team(w, M, x, ldx, (uint8_t *)xb, y, ldy, acc, i8_two, t);
     else
+#if SK_VNNI || SK_I16
+    if (use_i8(w, M, i8_min_rows)) {
+        const int tail = gemv_tail(w, M, gemv);
 #if SK_VNNI
-    if (use_i8(w, M, i8_min_rows)) mm_i8_team(w, M, x, ldx, xb, y, ldy, acc, i8_two, t);
-    else
-#elif SK_I16
-    if (use_i8(w, M, i8_min_rows)) mm_i16_team(w, M, x, ldx, xb, y, ldy, acc, t);
-    else
+        mm_i8_team(w, M - tail, x, ldx, xb, y, ldy, acc, i8_two, t);
+#else
+        mm_i16_team(w, M - tail, x, ldx, xb, y, ldy, acc, t);
+#endif
+        if (tail) {
+            team_barrier(t); /* xb is the tail's now */
+            mm_gemv_team(w, tail, x + (size_t)(M - tail) * ldx, ldx, (uint8_t *)xb, y + (size_t)(M - tail) * ldy, ldy,
+                         acc, i8_two, t);
+        }
+    } else
 #endif
 #if SK_BF16
     if (use_bf16(w, M, bf16_min_rows)) {
@@ -312,8 +338,10 @@ INLINE v16 kv_load(const void *p, size_t i, int half) {
  * AVX-512's 32 registers; AVX2 has 16 */
 #ifdef __AVX512F__
 #define SK_AG 4
+#define SK_SG 4 /* heads a pass of the score loop, 2 accumulators each */
 #else
 #define SK_AG 2
+#define SK_SG 2
 #endif
 
 /* One token's query group (the G heads sharing KV head kvh) over positions 0..ctx-1 of its
@@ -342,15 +370,20 @@ INLINE void attend_kv(const sk_model *m, int layer, int kvh, const float *q, int
             }
         }
         for (int c = 0; c < bs; c += 16)
-            for (int g0 = 0; g0 < G; g0 += 4) {
-                const int gn = G - g0 < 4 ? G - g0 : 4;
-                v16 a[4] = {v16_zero(), v16_zero(), v16_zero(), v16_zero()};
+            for (int g0 = 0; g0 < G; g0 += SK_SG) {
+                const int gn = G - g0 < SK_SG ? G - g0 : SK_SG;
+                /* two sums a head, even and odd d: one chain of hd dependent FMAs a head left the loop
+                 * waiting on FMA latency (SmolLM2, 3 heads a group: 3 FMAs in flight, not 8) */
+                v16 a[SK_SG][2];
+                for (int g = 0; g < gn; g++) a[g][0] = a[g][1] = v16_zero();
                 const float *qg = q + (size_t)g0 * hd;
-                for (int d = 0; d < hd; d++) {
-                    const v16 kv = kv_load(m->k_pool, kt + (size_t)d * bs + c, half);
-                    for (int g = 0; g < gn; g++) a[g] = v16_fmadd(v16_set1(qg[(size_t)g * hd + d]), kv, a[g]);
-                }
-                for (int g = 0; g < gn; g++) v16_store(sc + (size_t)(g0 + g) * stride + b * bs + c, v16_mul(a[g], scale));
+                for (int d = 0; d < hd; d += 2)
+                    for (int e = 0; e < 2; e++) {
+                        const v16 kv = kv_load(m->k_pool, kt + (size_t)(d + e) * bs + c, half);
+                        for (int g = 0; g < gn; g++) a[g][e] = v16_fmadd(v16_set1(qg[(size_t)g * hd + d + e]), kv, a[g][e]);
+                    }
+                for (int g = 0; g < gn; g++)
+                    v16_store(sc + (size_t)(g0 + g) * stride + b * bs + c, v16_mul(v16_add(a[g][0], a[g][1]), scale));
             }
     }
     float inv_sum[32];
