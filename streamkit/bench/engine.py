@@ -44,8 +44,8 @@ def cpu_name() -> str:
 
 def measure_cpu_bandwidth(nbytes: int = 256 << 20) -> float:
     """Rough achievable read+write bandwidth (bytes/s) of a large tensor copy, both directions
-    counted. Kept for comparison with older runs; the batch-1 roofline uses
-    measure_cpu_read_bandwidth, since a decode step reads its weights and writes almost nothing."""
+    counted. Kept for comparison with older runs; the batch-1 roofline uses ReadBandwidth, since a
+    decode step reads its weights and writes almost nothing."""
     import torch
 
     a = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
@@ -59,20 +59,27 @@ def measure_cpu_bandwidth(nbytes: int = 256 << 20) -> float:
     return best
 
 
-def measure_cpu_read_bandwidth(nbytes: int = 256 << 20) -> float:
-    """Achievable read bandwidth (bytes/s): the best of 5 sums over a buffer several times any
-    last-level cache, on torch's threads (the engine's count). A copy counted both ways measured
-    45 to 77 GB/s within an hour on one Zen 5 host while reads stayed at 44-51."""
-    import torch
+class ReadBandwidth:
+    """Achievable read bandwidth (bytes/s) when called: the best of `reps` sums over a buffer several
+    times any last-level cache, on torch's threads (the engine's count). A decode step reads its
+    weights and writes almost nothing, so the batch-1 roofline divides by this, sampled beside each
+    batch-1 run: the host's bandwidth moves with its other tenants (reads 44-87 GB/s and a copy
+    45-81 within two hours on the Zen 5 host), so only a sample taken at the same time is a limit
+    for a run."""
 
-    a = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
-    best = 0.0
-    for _ in range(5):
-        t = time.perf_counter()
-        a.sum()
-        dt = time.perf_counter() - t
-        best = max(best, nbytes / dt)
-    return best
+    def __init__(self, nbytes: int = 256 << 20):
+        import torch
+
+        self._buf = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
+        self._nbytes = nbytes
+
+    def __call__(self, reps: int = 3) -> float:
+        best = 0.0
+        for _ in range(reps):
+            t = time.perf_counter()
+            self._buf.sum()
+            best = max(best, self._nbytes / (time.perf_counter() - t))
+        return best
 
 
 # ---------------------------------------------------------------- ours
@@ -121,27 +128,33 @@ def paired_llamacpp(model_path: str, device: str, opts: dict, prompt_ids, n_toke
             "paired_ratio_llamacpp_c16": statistics.median(c16), "paired_ratio_llamacpp_c16_runs": c16}
 
 
-def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1, repeats=3):
+def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1, repeats=3, bandwidth=None):
     """Each measurement starts from an empty prefix cache (as the peer, which recomputes every
     prompt), so only prompts running at the same time can share blocks (the chat template's system
     prompt); `prefix_hit_tokens_c16` says how many prompt tokens that saved at 16 streams.
 
     Headline figures are medians: of n_b1 batch-1 runs, and of `repeats` runs per concurrency (a
     16-stream run lasts about a second here, so one run mostly measures what else the machine is
-    doing: 969 and 1261 tok/s in runs of the same code minutes apart). The best run is reported beside them."""
+    doing: 969 and 1261 tok/s in runs of the same code minutes apart). The best run is reported beside them.
+    bandwidth: a callable sampled before each batch-1 run (ReadBandwidth), for the roofline."""
     from streamkit.engine import SamplingParams as SP
 
     core = eng.core
     out = {}
     asyncio.run(_concurrent(eng, prompt_ids, 2, 4, SP))  # warm-up
     # batch 1 decode speed and TTFT
-    tps, ttfts = [], []
+    tps, ttfts, bws = [], [], []
     for i in range(n_b1):
         core.drop_prefix_cache()
+        bw = bandwidth() if bandwidth else None
         t0, st = asyncio.run(_one(eng, prompt_ids[i % len(prompt_ids)], n_tokens, SP))
         ttfts.append(st[0] - t0)
         if len(st) > 1:
             tps.append((len(st) - 1) / (st[-1] - st[0]))
+            bws.append(bw)
+    out["ours_b1_tps_runs"] = [round(t, 2) for t in tps]
+    if bandwidth:
+        out["b1_read_bandwidth_gbs_runs"] = [round(b / 1e9, 1) for b in bws]
     out["ours_b1_tps"] = round(statistics.median(tps), 2)
     out["ours_b1_tps_best"] = round(max(tps), 2)
     out["ttft_ms_p50"] = round(statistics.median(ttfts) * 1000, 1)
@@ -272,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ours: native kernels, {res['native_path']} on {res['cpu']}")
     prompt_ids = [eng.encode(chat(p)) for p in PROMPTS]
     res.update(bench_ours(eng, prompt_ids, n_tokens, conc, n_b1=2 if a.quick else 5,
-                          repeats=1 if a.quick else 3))
+                          repeats=1 if a.quick else 3, bandwidth=None if cuda else ReadBandwidth()))
     if cuda:
         res["ours_peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     else:
@@ -286,15 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         bw = H200_BW
         res["bandwidth_gbs"] = bw / 1e9
-    else:
-        bw = measure_cpu_read_bandwidth()
+    else:  # each batch-1 run against the read bandwidth sampled just before it
+        bws = [b * 1e9 for b in res["b1_read_bandwidth_gbs_runs"]]
+        bw = statistics.median(bws)
         res["bandwidth_gbs_measured"] = round(bw / 1e9, 1)
+        res["roofline_fraction_runs"] = [round(t * step_bytes / b, 3) for t, b in zip(res["ours_b1_tps_runs"], bws)]
         copy_bw = measure_cpu_bandwidth()
         res["copy_bandwidth_gbs"] = round(copy_bw / 1e9, 1)
         res["roofline_fraction_copy"] = round(res["ours_b1_tps"] / (copy_bw / step_bytes), 3)
     res["bytes_per_step_b1_mb"] = round(step_bytes / 1e6, 1)
     res["roofline_b1_tps"] = round(bw / step_bytes, 1)
-    res["roofline_fraction"] = round(res["ours_b1_tps"] / (bw / step_bytes), 3)
+    res["roofline_fraction"] = (round(statistics.median(res["roofline_fraction_runs"]), 3) if not cuda
+                                else round(res["ours_b1_tps"] / (bw / step_bytes), 3))
     res["gflop_per_token"] = round(cfg.flops_per_token / 1e9, 3)
     if cuda:
         big = max(conc)
@@ -373,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = ["device", "cpu", "weights", "native_path", "ours_b1_tps", "peer_b1_tps", "ratio_b1", "ours_b16_tps",
             "peer_b16_tps", "ratio_b16", "greedy_match", "greedy_match_timed_build", "greedy_match_timed_vs_fp32",
             "ttft_ms_p50",
-            "bandwidth_gbs_measured", "roofline_b1_tps", "roofline_fraction", "copy_bandwidth_gbs",
+            "bandwidth_gbs_measured", "roofline_b1_tps", "roofline_fraction", "roofline_fraction_runs", "copy_bandwidth_gbs",
             "roofline_fraction_copy", "llamacpp_b1_tps", "ratio_llamacpp_b1", "llamacpp_c16_tps", "ratio_llamacpp_c16", "paired_ratio_llamacpp_b1_runs", "paired_ratio_llamacpp_c16_runs",
             "load_avg_start", "load_avg_end"]
     for k in keys:
