@@ -206,16 +206,13 @@ INLINE gvi gv_lanes(gvi src, int a, int step) {
     const int b = a + step, c = a + 2 * step, d = a + 3 * step;
     return _mm512_permutexvar_epi32(_mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d), src);
 }
-/* the int16-pair scales of 8 u8 (Q4_K) or 16 int8 (Q6_K) sub-block scales, one per dword */
-INLINE gvi gv_scales_u8(const uint8_t *u) { return gv_dup16(_mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u))); }
-INLINE gvi gv_scales_u8_lo(const uint8_t *u) { return _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)); }
+/* 8 u8 sub-block scales (Q4_K), one per dword */
+INLINE gvi gv_u8_dwords(const uint8_t *u) { return _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)); }
 #if SK_HAS_VNNI
-#define GV_DPBUSD 1
 INLINE gvi gv_dpbusd(gvi acc, gvi u, gvi x) { return _mm512_dpbusd_epi32(acc, u, x); }
-#else
-#define GV_DPBUSD 0
 #endif
 INLINE gvi gv_add16(gvi a, gvi b) { return _mm512_add_epi16(a, b); }
+/* the int16-pair scales of 16 int8 (Q6_K) sub-block scales, one per dword */
 INLINE gvi gv_scales_i8(const int8_t *s, int g) {
     (void)g;
     return gv_dup16(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)s)));
@@ -242,13 +239,9 @@ INLINE gvf gv_fma_i(gvi i, float s, gvf f) { return _mm256_fmadd_ps(_mm256_cvtep
 INLINE float gv_sum(gvf f) { return sum8(f); }
 INLINE gvi gv_dup16(gvi d32) { return _mm256_or_si256(_mm256_and_si256(d32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(d32, 16)); }
 INLINE gvi gv_lanes(gvi src, int a, int step) { return _mm256_permutevar8x32_epi32(src, lanes4(a, a + step)); }
-INLINE gvi gv_scales_u8(const uint8_t *u) { return gv_dup16(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u))); }
-INLINE gvi gv_scales_u8_lo(const uint8_t *u) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)); }
+INLINE gvi gv_u8_dwords(const uint8_t *u) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)); }
 #if SK_VNNI256
-#define GV_DPBUSD 1
 INLINE gvi gv_dpbusd(gvi acc, gvi u, gvi x) { return _mm256_dpbusd_avx_epi32(acc, u, x); }
-#else
-#define GV_DPBUSD 0
 #endif
 INLINE gvi gv_add16(gvi a, gvi b) { return _mm256_add_epi16(a, b); }
 /* the 4 scales group g's blocks use, from lane 0 */
@@ -258,6 +251,8 @@ INLINE gvi gv_scales_i8(const int8_t *s, int g) {
     return gv_dup16(_mm256_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
 }
 #endif
+
+#define GV_DPBUSD (SK_HAS_VNNI || SK_VNNI256) /* vpdpbusd on this build's registers */
 
 /* One Q4_K register pair (lo: values 0-15 of G blocks, hi: 16-31) times the activations at xlo and
  * xhi, for gv_madd_acc with the scales of gv_q4_scales. A block's lo and hi share one scale, so its
@@ -274,12 +269,13 @@ INLINE gvi gv_q4_pair(gvi lo, const int8_t *xlo, gvi hi, const int8_t *xhi) {
 #endif
 }
 
-/* Q4_K's 8 sub-block scales (u8) as gv_q4_pair's multiplier, one per dword */
+/* Q4_K's 8 sub-block scales (u8) as gv_q4_pair's multiplier, one per dword: in its low int16 for
+ * vpdpbusd's dword sums, in both for vpmaddubsw's int16 pairs */
 INLINE gvi gv_q4_scales(const uint8_t *u) {
 #if GV_DPBUSD
-    return gv_scales_u8_lo(u);
+    return gv_u8_dwords(u);
 #else
-    return gv_scales_u8(u);
+    return gv_dup16(gv_u8_dwords(u));
 #endif
 }
 
