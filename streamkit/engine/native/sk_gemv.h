@@ -685,7 +685,7 @@ static inline void pf(const sk_w *w, int c) {
     prefetch_rows(w, c + SK_PREFETCH_AHEAD / row + 1, 1);
 }
 
-/* y [M][ldy] (+)= x . W^T for M <= SK_GEMV_MAX_ROWS, in one pass over the weights; xb (shared by
+/* y [M][ldy] (+)= x . W^T for M <= SK_GEMV_MAX_ROWS, reading each weight once; xb (shared by
  * the team) holds the quantized x. Every row's result is the same whatever M is. two: both
  * activation terms (else the first only, ~8 bits, llama.cpp's precision: for drafts, whose tokens
  * the target checks, as the batched int8 path's int8_terms = 1). */

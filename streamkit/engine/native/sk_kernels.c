@@ -124,7 +124,8 @@ static int use_i8(const sk_w *w, int M, int i8_min_rows) {
 /* y [M][ldy] (+)= x [M][ldx] . W^T by every thread of the team, then a barrier; xb: xb_elems(M, w->k).
  * Steps of at least i8_min_rows rows take the int8 path where the weight's format has one, else
  * from bf16_min_rows the bf16 path (0: never; both 0: all fp32, exact); with gemv, steps of few rows
- * take the int8 path of few rows where sk_gemv.h's gemv_takes says so. */
+ * take the int8 path of few rows where sk_gemv.h's gemv_takes says so, and so do the last rows of
+ * an int8 step past its whole tiles (gemv_tail). */
 static void matmul_team(const sk_w *w, int M, const float *x, int ldx, float *y, int ldy, int acc, int bf16_min_rows,
                         int i8_min_rows, int i8_two, int gemv, uint32_t *xb, sk_team *t) {
     if (use_gemv(w, M, gemv)) mm_gemv_team(w, M, x, ldx, (uint8_t *)xb, y, ldy, acc, i8_two, t);
