@@ -327,9 +327,6 @@ static int ensure_scratch(sk_model *m, int T, int R) {
     return (m->x && m->h && m->qkv && m->att && m->gu && m->act && m->lx && m->xb) ? 0 : -1;
 }
 
-static __thread float *t_scores;
-static __thread size_t t_scores_cap;
-
 /* 16 K or V values at p (float32, or float16 when half) as float32 */
 INLINE v16 kv_load(const void *p, size_t i, int half) {
     return half ? v16_load_half((const uint16_t *)p + i) : v16_load((const float *)p + i);
@@ -351,14 +348,7 @@ INLINE void attend_kv(const sk_model *m, int layer, int kvh, const float *q, int
                       int half) {
     const int hd = m->head_dim, G = m->n_heads / m->n_kv, bs = m->block_size, HV = hd / 16;
     const int nblk = (ctx + bs - 1) / bs, stride = nblk * bs;
-    const size_t need = (size_t)G * stride;
-    if (t_scores_cap < need) {
-        free(t_scores);
-        t_scores = aligned_alloc(64, need * 4);
-        if (!t_scores) abort(); /* G x context floats per thread, as strip_buffer */
-        t_scores_cap = need;
-    }
-    float *sc = t_scores;
+    float *sc = strip_buffer((size_t)G * stride * 4); /* G x context scores: no matmul runs meanwhile */
     const size_t base = ((size_t)layer * m->n_kv + kvh) * (size_t)m->pool_slots * hd; /* in elements */
     const v16 scale = v16_set1(m->scale);
     for (int b = 0; b < nblk; b++) {

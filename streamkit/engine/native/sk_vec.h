@@ -176,8 +176,9 @@ INLINE __m256 exp8(__m256 x) {
 INLINE v16 v16_exp(v16 x) { return v16_make(exp8(x.a), exp8(x.b)); }
 #endif
 
-/* this thread's scratch for a weight strip (and its scales), at least `bytes`, kept between calls: a
- * thread runs one matmul at a time, so every path's strips share it (tens to hundreds of KB) */
+/* this thread's scratch, at least `bytes`, kept between calls: a weight strip and its scales, the
+ * few-row kernel's sums between passes, or attention scores. A thread runs one matmul or one
+ * attention at a time, so all of them share it (tens to hundreds of KB) */
 static __thread void *t_strip;
 static __thread size_t t_strip_cap;
 
