@@ -411,14 +411,14 @@ def _cache(cfg, dtype):
     return PagedKVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 64, 16, dtype, "cpu")
 
 
-def _run_steps(model, tok_ids: list[list[int]], n_decode: int) -> tuple[list[torch.Tensor], list[list[int]]]:
-    """Prefill each prompt in two chunks (the second attends to a cached prefix), then decode all of
-    them together greedily; returns every step's logits and the generated ids."""
+def _prefill(model, tok_ids: list[list[int]], room: int) -> tuple[list[torch.Tensor], list[tuple[list[int], list[int]]]]:
+    """Prefill each prompt in two chunks (the second attends to a cached prefix) with blocks for
+    `room` more tokens; returns each prompt's last logits and (its ids + the greedy next token, blocks)."""
     cache = model.kv_cache
     seqs, logits = [], []
     for ids in tok_ids:
         blocks: list[int] = []
-        assert cache.ensure_capacity(blocks, len(ids) + n_decode + 1)
+        assert cache.ensure_capacity(blocks, len(ids) + room + 1)
         n, h = len(ids), len(ids) // 2
         for start, end in ((0, h), (h, n)):
             prev = torch.tensor(cache.slots(blocks, 0, start)) if start else None
@@ -428,6 +428,14 @@ def _run_steps(model, tok_ids: list[list[int]], n_decode: int) -> tuple[list[tor
             out = model.forward(b).clone()
         logits.append(out[0])
         seqs.append((list(ids) + [int(out[0].argmax())], blocks))
+    return logits, seqs
+
+
+def _run_steps(model, tok_ids: list[list[int]], n_decode: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Prefill the prompts (_prefill), then decode all of them together greedily; returns every
+    step's logits and the generated ids."""
+    cache = model.kv_cache
+    logits, seqs = _prefill(model, tok_ids, n_decode)
     for _ in range(n_decode):
         nb = max(len(bl) for _, bl in seqs)
         b = StepBatch(ids=torch.tensor([s[-1] for s, _ in seqs]), positions=torch.tensor([len(s) - 1 for s, _ in seqs]),
@@ -508,6 +516,32 @@ def test_one_activation_term_for_drafts(raw_model, reference_run, isa):
     assert 0.1 < one < 2.0 and two < 0.05, (one, two)
     with pytest.raises(ValueError, match="int8_terms must be 0, 1 or 2"):
         NativeLlamaModel(raw_model, "native", isa=isa, int8_terms=3)
+
+
+def test_decode_greedy_runs_the_steps_of_single_forwards(raw_model, reference_run, isa):
+    """sk_decode_greedy (a decode burst): the tokens of one forward + argmax a step on every path,
+    ended after the step in which a sequence allowed to stop produces a stop id."""
+    ids = reference_run[0]
+    model = NativeLlamaModel(raw_model, "native", isa=isa)
+    model.kv_cache = _cache(raw_model.config, torch.float16)
+    _, stepped = _run_steps(model, ids, 6)
+
+    def burst(stop_ids, may_stop, room=6, n=6):
+        model.kv_cache = _cache(raw_model.config, torch.float16)
+        _, seqs = _prefill(model, ids, room)
+        return model.decode_greedy([s[-1] for s, _ in seqs], [len(s) - 1 for s, _ in seqs], [b for _, b in seqs], n,
+                                   stop_ids, may_stop)
+
+    out = burst([], [False] * len(ids))
+    assert out.shape == (6, len(ids))
+    assert [list(p) + [stepped[i][len(p)]] + out[:, i].tolist() for i, p in enumerate(ids)] == stepped
+    stop = int(out[2, 1])
+    ends = next(s for s in range(6) if out[s, 1] == stop) + 1
+    assert (burst([stop], [False, True, False]) == out[:ends]).all()
+    assert burst([stop], [True, False, True]).shape[0] == next(
+        (s + 1 for s in range(6) if stop in (out[s, 0], out[s, 2])), 6)
+    with pytest.raises(ValueError, match="does not cover 200 decode steps"):
+        burst([], [False] * len(ids), n=200)
 
 
 @NEEDS_NATIVE

@@ -151,6 +151,34 @@ def test_thread_tuner_picks_per_step_size():
         torch.set_num_threads(before)
 
 
+def test_thread_tuner_explores_less_while_its_choice_holds():
+    """Explorations that confirm the choice come at doubling intervals (a 1-thread step on an idle
+    machine is lost time); when the chosen setting slows down (contention) the tuner leaves it at
+    once, and explores often again."""
+    from streamkit.engine.threads import ThreadTuner
+
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(2, explore_every=32, explore_steps=2, max_backoff=16)
+        picks = []
+        for _ in range(4000):
+            nt = tuner.before(1)
+            tuner.observe((3.0 if nt == 1 else 1.0) * 1e-3, 1)
+            picks.append(nt)
+        # 2 measuring steps, then explorations after 32, 64, ..., 512 steps, then every 512
+        assert 2 + 2 * 5 <= picks.count(1) <= 2 + 2 * 12, picks.count(1)
+        assert picks[-600:].count(1) <= 4
+        contended = []
+        for _ in range(100):  # 2 threads now 5x slower than 1
+            nt = tuner.before(1)
+            tuner.observe((3.0 if nt == 1 else 15.0) * 1e-3, 1)
+            contended.append(nt)
+        assert contended.index(1) <= 2 and contended[-50:].count(1) >= 45
+        assert tuner._interval[1] <= 4 * 32
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_get_engine_refuses_other_options_for_a_loaded_model(tmp_path):
     """One engine per (model, device): a second call asking for other options is an error, not
     silently the first engine; the loaded ones are listed publicly."""

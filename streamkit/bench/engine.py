@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     core = eng.load()
     res["ours_load_s"] = round(core.load_seconds, 1)
     res["weights"] = core.model.weights
+    res["decode_burst_ms"] = core.options.decode_burst_ms
     if getattr(core.model, "isa", None):
         from streamkit.engine import native
 
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     res.setdefault("ratio_b1", None)
     res["wall_s"] = round(time.perf_counter() - t_start, 1)
     res["load_avg_end"] = round(os.getloadavg()[0], 2)
-    keys = ["device", "cpu", "weights", "native_path", "ours_b1_tps", "peer_b1_tps", "ratio_b1", "ours_b16_tps",
+    keys = ["device", "cpu", "weights", "native_path", "decode_burst_ms", "ours_b1_tps", "peer_b1_tps", "ratio_b1", "ours_b16_tps",
             "peer_b16_tps", "ratio_b16", "greedy_match", "greedy_match_timed_build", "greedy_match_timed_vs_fp32",
             "ttft_ms_p50",
             "bandwidth_gbs_measured", "roofline_b1_tps", "roofline_fraction", "roofline_fraction_runs", "copy_bandwidth_gbs",

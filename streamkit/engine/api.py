@@ -125,9 +125,11 @@ class Engine:
             if not done:
                 core.cancel(seq.id)
 
-    async def generate(self, prompt: str | list[dict], params: SamplingParams | None = None) -> AsyncIterator[str]:
-        """Yield text pieces as tokens are made. aclose()/cancel frees the sequence at once."""
-        agen = self._stream(prompt, params, want_tokens=False)
+    async def generate(self, prompt: str | list[dict], params: SamplingParams | None = None,
+                       info: dict | None = None) -> AsyncIterator[str]:
+        """Yield text pieces as tokens are made. aclose()/cancel frees the sequence at once. info, when
+        given, receives the final event's fields (finish_reason, completion_tokens, ...)."""
+        agen = self._stream(prompt, params, want_tokens=False, info=info)
         try:
             async for _kind, text in agen:
                 yield text

@@ -124,6 +124,10 @@ class EngineCore:
         self._urgent_owed_until = 0.0  # monotonic time before which the engine does not wait again
         self.last_batch_size = 0
         self._recent: deque = deque(maxlen=256)
+        # decode bursts (_burst_steps): the native model, no drafts to verify between steps
+        self._bursts = isinstance(self.model, NativeLlamaModel) and not self.speculative and opts.decode_burst_ms > 0
+        self._decode_step_s: float | None = None  # moving average of a decode step's seconds
+        self.burst_steps = 0  # decode steps run inside bursts of 2 or more
         self.load_seconds = time.perf_counter() - t0
         log.info("engine: ready on %s in %.1fs (weights %s, kv cache %d tokens = %.0f MB, block %d, cuda graphs %s)",
                  self.device, self.load_seconds, self.model.weights, num_blocks * opts.block_size,
@@ -168,6 +172,7 @@ class EngineCore:
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting) + self._inbox.qsize(),
             "steps": self.steps,
+            "burst_steps": self.burst_steps,
             "kv_blocks_free": self.cache.allocator.num_free,
             "kv_blocks_cached": self.cache.allocator.num_cached,
             "prefix_cache_hit_tokens": self.scheduler.prefix_hit_tokens,
@@ -287,7 +292,63 @@ class EngineCore:
                 seq.tokens.extend(draft)
         return len(work), True, True
 
+    def _burst_steps(self) -> int:
+        """How many decode steps the next step runs in one native call: more than 1 only while every
+        scheduled sequence decodes greedily with nothing else to schedule or handle, as many as fit in
+        decode_burst_ms at the measured step time, and none past a sequence's max_tokens or the
+        model's length (a stop token ends the run in the native loop; a stop string or a finish
+        before the run's end costs the steps after it, discarded)."""
+        if not self._bursts or self._decode_step_s is None or self.scheduler.waiting or not self._inbox.empty():
+            return 1
+        n = int(self.options.decode_burst_ms / 1e3 / self._decode_step_s)
+        for seq in self.scheduler.running:
+            p = seq.params
+            if seq.n_uncomputed != 1 or not p.greedy or p.repetition_penalty != 1.0:
+                return 1
+            n = min(n, p.max_tokens - seq.n_generated, self.max_model_len - len(seq.tokens))
+        return max(n, 1)
+
+    def _observe_decode_step(self, seconds: float) -> None:
+        old = self._decode_step_s
+        self._decode_step_s = seconds if old is None else 0.7 * old + 0.3 * seconds
+
+    def _decode_burst(self, n: int) -> bool:
+        """n greedy decode steps of every running sequence in one native call (fewer when a stop
+        token ends it); False, having run nothing, when the cache cannot hold n more tokens for all."""
+        seqs = list(self.scheduler.running)
+        if not all(self.cache.ensure_capacity(s.blocks, s.num_computed + n) for s in seqs):
+            return False
+        if self._tuner is not None:
+            self._tuner.before(len(seqs))
+        t0 = time.perf_counter()
+        toks = self.model.decode_greedy([s.tokens[s.num_computed] for s in seqs], [s.num_computed for s in seqs],
+                                        [s.blocks for s in seqs], n, self.tokenizer.stop_ids,
+                                        [not s.ignore_eos for s in seqs])
+        per_step = (time.perf_counter() - t0) / len(toks)
+        if self._tuner is not None:
+            self._tuner.observe(per_step, len(seqs))
+        self._observe_decode_step(per_step)
+        now = time.perf_counter()
+        produced = 0
+        for row in toks.tolist():
+            for seq, tok in zip(seqs, row):
+                if seq.state is not State.RUNNING:  # finished earlier in this run: the rest is discarded
+                    continue
+                seq.num_computed += 1
+                self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
+                self.output.accept(seq, tok, now)
+                produced += 1
+        self.steps += len(toks)
+        self.burst_steps += len(toks)
+        self.last_batch_size = len(seqs)
+        self._recent.append((now, produced))
+        self.tokens_generated += produced
+        return True
+
     def step(self) -> None:
+        n = self._burst_steps()
+        if n > 1 and self._decode_burst(n):
+            return
         t_start = time.perf_counter()
         decoding, drafted, steady = self._propose() if self.speculative else (0, False, False)
         st = self.scheduler.schedule()
@@ -315,6 +376,8 @@ class EngineCore:
             logits = self.model.forward(b)
         if self._tuner is not None:
             self._tuner.observe(time.perf_counter() - t_step, int(b.ids.shape[0]))
+        if self._bursts and not st.prefill:
+            self._observe_decode_step(time.perf_counter() - t_step)
         for seq in st.decode:
             seq.num_computed += 1
             self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)

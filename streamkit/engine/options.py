@@ -1,7 +1,7 @@
 """An engine's settings, resolved in one place: what the caller passed, else the environment
 (STREAMKIT_ENGINE_THREADS, STREAMKIT_KV_TOKENS, STREAMKIT_PREFIX_CACHING, STREAMKIT_SPECULATIVE,
 STREAMKIT_SPEC_K, STREAMKIT_SPEC_ADAPTIVE, STREAMKIT_DRAFT_MODEL, STREAMKIT_DRAFT_STOP_P, STREAMKIT_DRAFT_Q4,
-STREAMKIT_NATIVE_ISA), else the device's default. The KV cache size left unset here is derived from
+STREAMKIT_NATIVE_ISA, STREAMKIT_DECODE_BURST_MS), else the device's default. The KV cache size left unset here is derived from
 the model and the free memory once the model is loaded (EngineCore)."""
 from __future__ import annotations
 
@@ -41,6 +41,10 @@ class EngineOptions:
     # the longest a CPU engine waits before a step while urgent compute (streamkit.cores: the
     # first spoken piece of an answer, an ASR final) runs; 0: never waits
     urgent_pause_s: float
+    # the longest run of greedy decode steps the native model makes in one call while nothing else
+    # is scheduled (EngineCore._burst_steps): each step's Python bookkeeping and each hand-off of its
+    # tokens to the consumers' event loops then come once a run; 0: one step a call
+    decode_burst_ms: float
 
 
 SPECULATIVE = ("ngram", "draft")
@@ -52,6 +56,8 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b"  # the 1.5B's packaged draft (model_store.Q
 # 11.7; docs/engine.md)
 DEFAULT_SPEC_K = {"ngram": 4, "draft": 1}
 DEFAULT_DRAFT_STOP_P = 0.4
+# tokens then reach a stream in runs of at most ~one display frame
+DEFAULT_DECODE_BURST_MS = 16.0
 
 
 def resolve_options(device: torch.device, weights: str | None = None, kv_cache_tokens: int | None = None,
@@ -61,7 +67,8 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
                     prefix_caching: bool | None = None, speculative: str | None = None,
                     spec_k: int | None = None, spec_adaptive: bool | None = None,
                     draft_model: str | None = None, draft_stop_p: float | None = None, draft_q4: bool | None = None,
-                    native_isa: str | None = None, urgent_pause_s: float | None = None) -> EngineOptions:
+                    native_isa: str | None = None, urgent_pause_s: float | None = None,
+                    decode_burst_ms: float | None = None) -> EngineOptions:
     cuda = device.type == "cuda"
     speculative = speculative if speculative is not None else (os.environ.get("STREAMKIT_SPECULATIVE") or None)
     if speculative not in (None, *SPECULATIVE):
@@ -74,6 +81,10 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
         speculative = "draft"
     if speculative == "draft":
         draft_model = draft_model or DEFAULT_DRAFT
+    if decode_burst_ms is None:
+        decode_burst_ms = 0.0 if cuda else float(os.environ.get("STREAMKIT_DECODE_BURST_MS", DEFAULT_DECODE_BURST_MS))
+    if not decode_burst_ms >= 0:
+        raise ValueError(f"decode_burst_ms must be a number of milliseconds >= 0, got {decode_burst_ms!r}")
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if kv_dtype is not None and kv_dtype not in dtypes:
         raise ValueError(f"kv_dtype must be one of {sorted(dtypes)}, got {kv_dtype!r}")
@@ -100,4 +111,5 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
         native_isa=native_isa,
         urgent_pause_s=(urgent_pause_s if urgent_pause_s is not None
                         else 0.0 if cuda else float(os.environ.get("STREAMKIT_URGENT_PAUSE_S", 2.0))),
+        decode_burst_ms=decode_burst_ms,
     )

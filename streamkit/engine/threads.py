@@ -6,7 +6,11 @@ a batch-1 decode step took 35-55 ms with 1 thread and 500-1100 ms with 2. Uncont
 are ~1.7x faster, and the gain grows with rows per step (a 16-row step is GEMM-bound). So the
 engine keeps a running cost per (step-size bucket, thread count) - a 1-row decode step is never
 compared with a 256-token prefill step - picks the cheaper setting per bucket before each step,
-and re-explores the other setting for a few steps every `explore_every` steps of that bucket.
+and re-explores the other setting for a few steps every `explore_every` steps of that bucket. Each
+exploration that leaves the choice as it was doubles that interval (up to `max_backoff` times): on
+an idle machine the 1-thread steps it kept exploring cost ~6 % of SmolLM2's batch-1 speed (375 vs
+400 tok/s, Zen 5). A setting that gets slower is still left at once, since its own cost is
+measured every step, and a change of choice brings the interval back to `explore_every`.
 """
 from __future__ import annotations
 
@@ -24,21 +28,29 @@ def _bucket(n_tokens: int) -> int:
 
 
 class ThreadTuner:
-    def __init__(self, max_threads: int, explore_every: int = 32, explore_steps: int = 2, margin: float = 0.9):
+    def __init__(self, max_threads: int, explore_every: int = 32, explore_steps: int = 2, margin: float = 0.9,
+                 max_backoff: int = 16):
         self.choices = sorted({1, max(1, max_threads)})
         self.current = self.choices[-1]
         self.explore_every = explore_every
         self.explore_steps = explore_steps
+        self.max_backoff = max_backoff
         self.margin = margin
         self.cost: dict[tuple[int, int], float] = {}  # (bucket, threads) -> EMA seconds per token
-        self._seen: dict[int, int] = {}
         self._pref: dict[int, int] = {}  # bucket -> preferred thread count
+        self._interval: dict[int, int] = {}  # bucket -> steps between explorations now
+        self._since: dict[int, int] = {}  # bucket -> steps since its last exploration
+        self._explore_left: dict[int, int] = {}  # bucket -> steps left of the exploration under way
+        self._exploring_from: dict[int, int] = {}  # bucket -> the preference when its exploration began
         self._changes: int | None = None  # cores.changes() at before(); None: cores were held
         torch.set_num_threads(self.current)
 
     @property
     def enabled(self) -> bool:
         return len(self.choices) > 1
+
+    def _other(self, threads: int) -> int:
+        return self.choices[0] if threads == self.choices[-1] else self.choices[-1]
 
     def before(self, n_tokens: int) -> int:
         """Pick the thread count for a step of n_tokens rows (call before the forward). While other
@@ -53,14 +65,21 @@ class ThreadTuner:
             return self.current
         b = _bucket(n_tokens)
         pref = self._pref.get(b, self.choices[-1])
-        other = self.choices[0] if pref == self.choices[-1] else self.choices[-1]
-        k = self._seen.get(b, 0)
+        other = self._other(pref)
         if (b, pref) not in self.cost:
             pick = pref
-        elif (b, other) not in self.cost or (k % self.explore_every) >= self.explore_every - self.explore_steps:
-            pick = other  # explore
+        elif (b, other) not in self.cost:
+            pick = other
         else:
-            pick = pref
+            left = self._explore_left.get(b, 0)
+            if left == 0 and self._since.get(b, 0) >= self._interval.get(b, self.explore_every):
+                left, self._since[b], self._exploring_from[b] = self.explore_steps, 0, pref
+            if left > 0:
+                self._explore_left[b] = left - 1
+                pick = other
+            else:
+                self._since[b] = self._since.get(b, 0) + 1
+                pick = pref
         self._set(pick)
         return pick
 
@@ -72,14 +91,20 @@ class ThreadTuner:
         key = (b, self.current)
         old = self.cost.get(key)
         self.cost[key] = c if old is None else 0.6 * old + 0.4 * c
-        self._seen[b] = self._seen.get(b, 0) + 1
         pref = self._pref.get(b, self.choices[-1])
-        other = self.choices[0] if pref == self.choices[-1] else self.choices[-1]
+        other = self._other(pref)
         cp, co = self.cost.get((b, pref)), self.cost.get((b, other))
         if cp is not None and co is not None and co < self.margin * cp:
             log.info("engine: intra-op threads %d -> %d for %d-token steps (cost %.2g vs %.2g s/token)", pref, other,
                      1 << (b - 1), co, cp)
             self._pref[b] = other
+            self._interval[b], self._since[b] = self.explore_every, 0  # the load changed: look again soon
+        began = self._exploring_from.get(b)
+        if began is not None and self._explore_left.get(b, 0) == 0:  # an exploration has ended
+            kept = self._pref.get(b, self.choices[-1]) == began
+            interval = self._interval.get(b, self.explore_every)
+            self._interval[b] = min(2 * interval, self.max_backoff * self.explore_every) if kept else self.explore_every
+            del self._exploring_from[b]
 
     def _set(self, n: int) -> None:
         if n != self.current:

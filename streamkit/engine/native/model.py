@@ -230,3 +230,34 @@ class NativeLlamaModel:
         if rc != 0:
             raise MemoryError("native forward could not allocate its scratch buffers")
         return logits
+
+    @torch.inference_mode()
+    def decode_greedy(self, ids: list[int], positions: list[int], block_tables: list[list[int]], n_steps: int,
+                      stop_ids: list[int], may_stop: list[bool]) -> np.ndarray:
+        """Up to n_steps greedy decode steps of len(ids) sequences in one native call (sk_decode_greedy):
+        sequence i feeds ids[i] at positions[i] and then each token it produces. Its block table must
+        cover positions[i] + n_steps - 1. Stops early after a step in which a sequence with may_stop
+        produced one of stop_ids. Returns the tokens, [steps run, sequences]."""
+        S = len(ids)
+        width = max(len(t) for t in block_tables)
+        tables = np.zeros((S, width), np.int32)
+        for i, t in enumerate(block_tables):
+            tables[i, :len(t)] = t
+        ids_a = np.asarray(ids, np.int32)
+        pos_a = np.asarray(positions, np.int32)
+        stops = np.asarray(sorted(stop_ids) or [0], np.int32)
+        may = np.asarray(may_stop, np.uint8)
+        out = np.empty((n_steps, S), np.int32)
+        if self._logits.shape[0] < S:
+            self._logits = torch.empty((S, self.cfg.vocab_size), dtype=torch.float32)
+        P = native.ptr
+        rc = self._lib.sk_decode_greedy(self._m, S, n_steps, P(ids_a), P(pos_a), P(tables), width, P(stops),
+                                        len(stop_ids), P(may), P(self._logits), P(out), self.bf16_min_rows,
+                                        self.int8_min_rows, self.int8_mask, torch.get_num_threads())
+        if rc == -3:
+            raise ValueError(f"a block table does not cover {n_steps} decode steps")
+        if rc == -2:
+            raise ValueError("token id or position out of range for this model")
+        if rc < 0:
+            raise MemoryError("native forward could not allocate its scratch buffers")
+        return out[:rc]

@@ -543,6 +543,69 @@ SK_API int sk_forward(sk_model *m, int T, const int32_t *ids, const int32_t *pos
     return 0;
 }
 
+/* index of the first maximum of x[0, n): chunk maxima in a vector pass, then a scan of the first
+ * chunk that holds the maximum (numpy's argmax picks the same index) */
+#define SK_ARGMAX_CHUNK 256
+static int argmax_row(const float *x, int n) {
+    float best = x[0];
+    int best_chunk = 0;
+    for (int c0 = 0; c0 < n; c0 += SK_ARGMAX_CHUNK) {
+        const int c1 = c0 + SK_ARGMAX_CHUNK < n ? c0 + SK_ARGMAX_CHUNK : n;
+        int j = c0;
+        float mx = x[c0];
+        if (c1 - c0 >= 16) {
+            v16 vm = v16_load(x + c0);
+            for (j = c0 + 16; j + 16 <= c1; j += 16) vm = v16_max(vm, v16_load(x + j));
+            mx = v16_hmax(vm);
+        }
+        for (; j < c1; j++) mx = x[j] > mx ? x[j] : mx;
+        if (mx > best) best = mx, best_chunk = c0;
+    }
+    for (int j = best_chunk; j < n; j++)
+        if (x[j] == best) return j;
+    return best_chunk; /* NaN logits: no value compares equal */
+}
+
+/* Up to n_steps greedy decode steps of S sequences, one token each a step, in one call: the token
+ * of step s + 1 is the argmax of step s's logits. Sequence i starts from token ids0[i] at position
+ * pos0[i]; its block table (tables[i], nb_stride entries) must already cover position
+ * pos0[i] + n_steps - 1. Writes out[s][i] and returns the number of steps run: it stops after a
+ * step in which a sequence with may_stop[i] set produced one of stop_ids (n_stop of them), so the
+ * caller can finish it. Also -1 / -2 as sk_forward, -3 when a table does not cover the positions.
+ * logits: scratch [S][vocab]. */
+SK_API int sk_decode_greedy(sk_model *m, int S, int n_steps, const int32_t *ids0, const int32_t *pos0,
+                            const int32_t *tables, int nb_stride, const int32_t *stop_ids, int n_stop,
+                            const uint8_t *may_stop, float *logits, int32_t *out, int bf16_min_rows,
+                            int i8_min_rows, int i8_mask, int nt) {
+    if (S <= 0 || n_steps <= 0) return -2;
+    const int bs = m->block_size;
+    for (int i = 0; i < S; i++)
+        if (pos0[i] < 0 || (pos0[i] + n_steps - 1) / bs >= nb_stride) return -3;
+    int32_t *buf = malloc((size_t)S * (sizeof(int32_t) * 3 + sizeof(int64_t)));
+    if (!buf) return -1;
+    int32_t *pos = buf, *seq = buf + S, *ids = buf + 2 * S;
+    int64_t *slots = (int64_t *)(buf + 3 * S);
+    for (int i = 0; i < S; i++) seq[i] = i, ids[i] = ids0[i];
+    int s = 0, rc = 0, stopped = 0;
+    while (s < n_steps && !stopped) {
+        for (int i = 0; i < S; i++) {
+            pos[i] = pos0[i] + s;
+            slots[i] = (int64_t)tables[(size_t)i * nb_stride + pos[i] / bs] * bs + pos[i] % bs;
+        }
+        rc = sk_forward(m, S, ids, pos, slots, seq, tables, nb_stride, S, seq, logits, bf16_min_rows, i8_min_rows,
+                        i8_mask, nt);
+        if (rc) break;
+        for (int i = 0; i < S; i++) {
+            const int tok = argmax_row(logits + (size_t)i * m->vocab, m->vocab);
+            out[(size_t)s * S + i] = ids[i] = tok;
+            for (int j = 0; j < n_stop && may_stop[i]; j++) stopped |= tok == stop_ids[j];
+        }
+        s++;
+    }
+    free(buf);
+    return rc ? rc : s;
+}
+
 /* ------------------------------------------------------------------ test entry points */
 
 typedef struct {
