@@ -63,6 +63,14 @@ INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o,
 INT8_GEMV = 64
 
 
+def _raise_for(rc: int) -> None:
+    """The error of a native forward's return code (0: none)."""
+    if rc == -2:
+        raise ValueError("token id or position out of range for this model")
+    if rc != 0:
+        raise MemoryError("native forward could not allocate its scratch buffers")
+
+
 class NativeLlamaModel:
     def __init__(self, gm: GGUFModel, weights: str = "native", bf16_min_rows: int | None = None,
                  isa: str | None = None, int8_min_rows: int | None = None, int8_terms: int | None = None):
@@ -225,10 +233,7 @@ class NativeLlamaModel:
         rc = self._lib.sk_forward(self._m, T, P(ids), P(pos), P(slots), P(tok_seq), P(tables), tables.shape[1],
                                   len(rows), P(rows), P(logits), self.bf16_min_rows, self.int8_min_rows,
                                   self.int8_mask, torch.get_num_threads())
-        if rc == -2:
-            raise ValueError("token id or position out of range for this model")
-        if rc != 0:
-            raise MemoryError("native forward could not allocate its scratch buffers")
+        _raise_for(rc)
         return logits
 
     @torch.inference_mode()
@@ -256,8 +261,5 @@ class NativeLlamaModel:
                                         self.int8_min_rows, self.int8_mask, torch.get_num_threads())
         if rc == -3:
             raise ValueError(f"a block table does not cover {n_steps} decode steps")
-        if rc == -2:
-            raise ValueError("token id or position out of range for this model")
-        if rc < 0:
-            raise MemoryError("native forward could not allocate its scratch buffers")
+        _raise_for(min(rc, 0))
         return out[:rc]

@@ -581,10 +581,9 @@ SK_API int sk_decode_greedy(sk_model *m, int S, int n_steps, const int32_t *ids0
     const int bs = m->block_size;
     for (int i = 0; i < S; i++)
         if (pos0[i] < 0 || (pos0[i] + n_steps - 1) / bs >= nb_stride) return -3;
-    int32_t *buf = malloc((size_t)S * (sizeof(int32_t) * 3 + sizeof(int64_t)));
-    if (!buf) return -1;
-    int32_t *pos = buf, *seq = buf + S, *ids = buf + 2 * S;
-    int64_t *slots = (int64_t *)(buf + 3 * S);
+    int64_t *slots = malloc((size_t)S * (sizeof(int64_t) + 3 * sizeof(int32_t))); /* the int64s first: aligned */
+    if (!slots) return -1;
+    int32_t *pos = (int32_t *)(slots + S), *seq = pos + S, *ids = pos + 2 * S;
     for (int i = 0; i < S; i++) seq[i] = i, ids[i] = ids0[i];
     int s = 0, rc = 0, stopped = 0;
     while (s < n_steps && !stopped) {
@@ -602,7 +601,7 @@ SK_API int sk_decode_greedy(sk_model *m, int S, int n_steps, const int32_t *ids0
         }
         s++;
     }
-    free(buf);
+    free(slots);
     return rc ? rc : s;
 }
 
