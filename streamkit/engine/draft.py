@@ -187,23 +187,25 @@ class DraftRunner:
         return logits, [cast(DraftState, st) for st, _ in sampled]
 
     def _pick(self, logits: torch.Tensor, rows: list[tuple[Sequence, DraftState]], drafts: dict[int, list[int]],
-              qs: dict[int, list[torch.Tensor]]) -> set[int]:
+              qs: dict[int, list[torch.Tensor]], more: bool) -> set[int]:
         """One draft token per row: greedy rows in one batch, sampled rows with their q kept.
         Returns the ids of sequences whose draft stops here: the draft's probability of the token it
-        picked fell below `stop_p`, so the next ones would likely be rejected (their forwards saved)."""
+        picked fell below `stop_p`, so the next ones would likely be rejected (their forwards saved).
+        `more`: whether any row may draft another token (else the greedy rows' softmax is skipped)."""
         stop: set[int] = set()
+        check_stop = self.stop_p > 0 and more
         greedy = [i for i, (seq, _) in enumerate(rows) if seq.params.greedy]
         if greedy:
             sel = logits if len(greedy) == len(rows) else logits[torch.tensor(greedy)]
             toks = sample_batch(sel, [rows[i][0].params for i in greedy],
                                 [rows[i][1].tokens for i in greedy], [None] * len(greedy))
-            if self.stop_p > 0:
+            if check_stop:
                 x = sel.numpy() if sel.device.type == "cpu" else sel.float().cpu().numpy()
                 top = 1.0 / np.exp(x - x.max(-1, keepdims=True)).sum(-1)  # softmax of the argmax
             for j, (i, tok) in enumerate(zip(greedy, toks)):
                 drafts[rows[i][0].id].append(tok)
                 rows[i][1].tokens.append(tok)
-                if self.stop_p > 0 and top[j] < self.stop_p:
+                if check_stop and top[j] < self.stop_p:
                     stop.add(rows[i][0].id)
         for i, (seq, st) in enumerate(rows):
             if seq.params.greedy:
@@ -249,15 +251,16 @@ class DraftRunner:
         logits, sampled = self._forward(ScheduledStep(decode=[], prefill=cast(list, chunks)))
         for st, n in chunks:
             st.num_computed += n
-        stopped = self._pick(logits, [by_state[id(st)] for st in sampled], drafts, qs)
-        for j in range(1, max((k for _, _, k in active), default=0)):
+        k_max = max((k for _, _, k in active), default=0)
+        stopped = self._pick(logits, [by_state[id(st)] for st in sampled], drafts, qs, k_max > 1)
+        for j in range(1, k_max):
             rows = [(seq, st) for seq, st, k in active if k > j and seq.id not in stopped]
             if not rows:
                 break
             logits, _ = self._forward(ScheduledStep(decode=cast(list, [st for _, st in rows]), prefill=[]))
             for _, st in rows:
                 st.num_computed += 1
-            stopped |= self._pick(logits, rows, drafts, qs)
+            stopped |= self._pick(logits, rows, drafts, qs, k_max > j + 1)
         for seq, _, _ in active:
             seq.draft = drafts[seq.id]
             seq.draft_q = qs[seq.id] or None
