@@ -49,13 +49,15 @@ class EngineOptions:
 
 SPECULATIVE = ("ngram", "draft")
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"  # the 1.5B's packaged draft (model_store.QWEN_0_5B_DRAFT)
-# tokens proposed per round at most. With a draft model, k = 1 is fastest for the 1.5B + 0.5B pair
-# on translation: each verify row past the first costs ~6-10 ms of int8 work on a ~27 ms step and
-# a round's second draft token ~9 ms (Zen 5, 24 sentences, 3-row verifies in int8: k = 1 30.3 tok/s
-# in the answers, k = 2 30.1-30.8, a tie; Intel, when they took the fp32 path: k = 1 15.8, k = 2
-# 11.7; docs/engine.md)
-DEFAULT_SPEC_K = {"ngram": 4, "draft": 1}
-DEFAULT_DRAFT_STOP_P = 0.4
+# tokens proposed per round at most, and the draft's probability below which a draft stops after
+# the token it just proposed. For the 1.5B + 0.5B pair a second draft token pays only where the
+# draft is sure of the first: a 3-row verify costs ~5 ms more than a 2-row one (Zen 5: 31.1 against
+# 26.1 ms). k = 2 stopping below 0.8, drafting always, against plain decoding in the same run (Zen
+# 5, `bench translate`, 2026-12-05): 1.16-1.19x over 64 tokens and 1.01-1.03x in one-sentence
+# answers, where k = 1 gave 1.06-1.11x and 0.97-1.06x; k = 3 at 0.8 1.20x / 1.05x in a noisier
+# run (docs/engine.md, *k = 2, stopping below 0.8*). n-gram proposals have no probabilities.
+DEFAULT_SPEC_K = {"ngram": 4, "draft": 2}
+DEFAULT_DRAFT_STOP_P = 0.8
 # tokens then reach a stream in runs of at most ~one display frame
 DEFAULT_DECODE_BURST_MS = 16.0
 
