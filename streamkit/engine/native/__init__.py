@@ -2,8 +2,9 @@
 
 One library per instruction-set path, each compiled with explicit -m flags (-mtune=native only
 tunes), at run time (like Triton or torch's cpp extensions), not at install time:
-  amx     AVX-512 + AVX512_BF16 + AMX tiles: batched steps multiply bf16 strips on AMX (Intel
-          Sapphire Rapids and later);
+  amx     AVX-512 + AVX512_BF16 + AMX tiles: batched steps multiply bf16 strips on AMX, each
+          operand as two bf16 terms (~16 bits: closer to fp32 than the int8 path) (Intel Sapphire
+          Rapids and later);
   avx512  AVX-512 without AMX: batched steps in int8 (vpdpbusd, two-term activations) where the CPU
           has AVX512_VNNI, else vdpbf16ps where it has AVX512_BF16 (AMD Zen 4/5, Cooper Lake), else
           fp32 FMAs over strips dequantized once per step;
@@ -277,10 +278,12 @@ def fast_dpbf16() -> bool:
 def int8_terms() -> int:
     """Activation terms of the batched int8 kernel (avx512 with VNNI), 0 where it is not used:
     STREAMKIT_NATIVE_INT8 (2, 1 or 0), default 2; 0 turns off avx2's int16 kernel too. One term
-    applies to the few-row kernel (sk_gemv.h) as well; 2 and 0 leave it two terms. Two terms
-    keep greedy output equal to fp32's (20 of 20 bench prompts on Zen 5 and on Intel); one term,
+    applies to the few-row kernel (sk_gemv.h) as well, and makes amx's tiles take one bf16 product
+    instead of two terms an operand; 2 and 0 leave both two terms. Two terms keep greedy output
+    equal to fp32's (20 of 20 bench prompts on Zen 5 and on Intel, amx included); one term,
     llama.cpp's scheme, does not, and neither quite does vdpbf16ps, 15-20 % faster on Zen 5 at 16
-    streams but 17 of 20 (docs/engine.md)."""
+    streams but 17 of 20, or one bf16 product on amx, 16 of 20, whose prefill of the 1.5B is
+    faster (first token 130 against 211-222 ms; docs/engine.md)."""
     env = os.environ.get("STREAMKIT_NATIVE_INT8", "")
     if env and env not in ("0", "1", "2"):
         raise ValueError(f"STREAMKIT_NATIVE_INT8={env!r}: expected 2 (two-term activations), 1 (one term) "
@@ -296,7 +299,7 @@ def describe(isa: str | None = None) -> str:
     if name is None or name not in _caps:
         return f"none ({error(isa)})"
     c = _caps[name]
-    batched = ("AMX bf16 tiles" if c & CAP_AMX else "vdpbf16ps bf16 dot products" if c & CAP_BF16
+    batched = ("AMX bf16 tiles, two terms an operand" if c & CAP_AMX else "vdpbf16ps bf16 dot products" if c & CAP_BF16
                else "fp32 FMAs over strips dequantized once per step")
     terms = int8_terms()
     if c & CAP_INT8 and terms:

@@ -3,7 +3,8 @@
 Same contract as `LlamaModel.forward(StepBatch)`; weights stay in the GGUF's own block formats.
 Two modes:
   native       fp32 activations, float16 KV cache; steps of at least `bf16_min_rows` rows multiply in
-               bf16 (fp32 accumulation) on AMX tiles or with vdpbf16ps, or from `int8_min_rows` with
+               bf16 (fp32 accumulation) on AMX tiles (each operand as two bf16 terms) or with
+               vdpbf16ps, or from `int8_min_rows` with
                int8 VNNI on two-term int8 activations (avx2: int16 activations),
                where the path has them (see streamkit.engine.native), fewer rows dequantize into
                fp32 FMAs. The CPU default.
@@ -28,10 +29,10 @@ from streamkit.engine.paged_attention import default_scale
 log = logging.getLogger("streamkit.engine")
 
 MODES = ("native", "native-fp32")
-# Rows per step from which the AMX path beats fp32 FMAs on this model (30 layers + LM head, 2
-# threads, ms per step, fp32 FMA vs AMX: 1 row 6.2 vs -, 4 rows 8.1 vs -, 8 rows 14.3 vs 10.0,
-# 16 rows - vs 10.3; FMAs dequantize once per 4 rows, AMX once per step).
-AMX_MIN_ROWS = 6
+# Rows per step from which the AMX path (three bf16 products a block, sk_bf16.h) beats fp32 FMAs:
+# SmolLM2's gate / down matrices, 2 threads, Intel Xeon: 7 rows 71 / 73 us in fp32 FMAs against
+# 81 / 105 on AMX; 8 rows, where fp32 switches to strips, 108 / 122 against 82 / 103.
+AMX_MIN_ROWS = 8
 # The same for vdpbf16ps (the avx512 path on a CPU with AVX512_BF16 and no AMX): it pads rows to
 # tiles of 16, and on the Xeon measured here one vdpbf16ps (32 multiply-adds) costs as much as 3.3
 # fp32 FMAs (16 each), so it ties the fp32 strips at 16 rows (gate+up matmul, 1 thread: 602 vs 628
@@ -56,7 +57,7 @@ INT8_MIN_ROWS = 8
 # rows 158 vs 183 ms). With AVX-VNNI it also beats two-term int8 on ymm (16 rows 15.8 vs 17.6 ms).
 INT16_MIN_ROWS = 5
 INT8_ALL, INT8_TWO_TERMS = 31, 32  # sk_forward's i8_mask: every matmul (qkv, o, gate/up, down, head)
-# Steps of 1-8 rows (decode at batch 1-8, a speculative verify; 1-4 on amx) on Q4_K / Q6_K weights,
+# Steps of 1-8 rows (decode at batch 1-8, a speculative verify) on Q4_K / Q6_K weights,
 # and of 1-2 rows on Q4_1 / Q4_0 / Q8_0: llama.cpp's int8 schemes (sk_gemv.h), two activation terms
 # (one where INT8_TWO_TERMS is clear), on every instruction set; also a batched step's last 1-4 rows.
 # STREAMKIT_NATIVE_GEMV=0 turns it off (fp32 FMAs, as before).

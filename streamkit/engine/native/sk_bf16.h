@@ -13,11 +13,20 @@
 static const uint16_t Q4_ORDER[32] = {0,  2,  4,  6,  8,  10, 12, 14, 1,  3,  5,  7,  9,  11, 13, 15,
                                       16, 18, 20, 22, 24, 26, 28, 30, 17, 19, 21, 23, 25, 27, 29, 31};
 
+/* (a, b) rounded to bf16 pairs as hi = cvtne2ps(b, a) did, and what that rounding left, rounded
+ * again: hi + lo carries about 16 bits of each value */
+INLINE __m512i bf16_rest(__m512 a, __m512 b, __m512i hi) {
+    const __m512 ah = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+    const __m512 bh = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, bh), _mm512_sub_ps(a, ah));
+}
+
 /* x [M][K] fp32 -> bf16 "B" tiles [MT][K/32][16 pair rows][16 rows of x][2], zero padded: tile
  * (mt, kb) holds x[mt*16 + m][kb*32 + order[2p + j]] at pair row p, column m, element j, where
  * order is the k order the weight strips are dequantized in (Q4_ORDER for 4-bit weights, else
- * 0..31): any order works as long as both operands share it. */
-static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t *xb, sk_team *t) {
+ * 0..31): any order works as long as both operands share it. xrest (NULL: none): the same tiles of
+ * what the rounding to bf16 left (bf16_rest). */
+static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t *xb, uint32_t *xrest, sk_team *t) {
     const int MT = (M + 15) / 16, NB = K / 32;
     const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32(16));
@@ -26,16 +35,22 @@ static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t 
     team_span(t, MT * NB, &i0, &i1);
     for (int i = i0; i < i1; i++) {
         const int mt = i / NB, kb = i % NB;
-        uint32_t *tile = xb + ((size_t)mt * NB + kb) * 256;
+        uint32_t *tile = xb + ((size_t)mt * NB + kb) * 256, *rest = xrest ? xrest + ((size_t)mt * NB + kb) * 256 : NULL;
         for (int m = 0; m < 16; m++) {
             const int row = mt * 16 + m;
-            __m512i v = _mm512_setzero_si512();
+            __m512i v = _mm512_setzero_si512(), r = _mm512_setzero_si512();
             if (row < M) {
                 const float *p = x + (size_t)row * ldx + kb * 32;
-                v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
-                if (q4) v = _mm512_permutexvar_epi16(order, v);
+                const __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+                v = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+                if (xrest) r = bf16_rest(a, b, v);
+                if (q4) {
+                    v = _mm512_permutexvar_epi16(order, v);
+                    r = _mm512_permutexvar_epi16(order, r);
+                }
             }
             _mm512_i32scatter_epi32(tile + m, stride, v, 4);
+            if (xrest) _mm512_i32scatter_epi32(rest + m, stride, r, 4);
         }
     }
 }
@@ -47,7 +62,8 @@ static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t 
  * its low bits the low (l = 0, 1) or high (l = 2, 3) nibble of byte 2i + (l & 1), so the values
  * come out in Q4_ORDER, not 0..31 (no cross-lane shuffle to put them back; x is packed in the same
  * order). Two port-5 ops a block instead of five. */
-INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf, int il) {
+INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf, int il, uint16_t *rest) {
+    /* rest (NULL: none): what the rounding to bf16 left, rounded again, laid out as buf */
     const int K = w->k, NB = K / 32;
     /* il: block-interleaved, [K/32][16 columns][32] (dp_tile), else [16 columns][K] (AMX tiles) */
     const size_t col_step = il ? 32 : (size_t)K, blk_step = il ? 512 : 32;
@@ -61,10 +77,10 @@ INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf, int il) {
         const float *s = w->sc + (fmt == SK_Q4_K ? 0 : (size_t)n0 * NB * 2);
         size_t b = (size_t)n0 * NB;
         for (int c = 0; c < 16; c++) {
-            uint16_t *dst = buf + c * col_step;
+            uint16_t *dst = buf + c * col_step, *rdst = rest ? rest + c * col_step : NULL;
             prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
 #pragma GCC unroll 2
-            for (int kb = 0; kb < NB; kb++, q += 16, dst += blk_step, b++) {
+            for (int kb = 0; kb < NB; kb++, q += 16, dst += blk_step, rdst += rest ? blk_step : 0, b++) {
                 float s0, s1;
                 if (fmt == SK_Q4_K) {
                     q4k_scale(w->sc, b, &s0, &s1);
@@ -76,7 +92,14 @@ INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf, int il) {
                 const __m512 tbl = _mm512_fmadd_ps(_mm512_set1_ps(s0), J, _mm512_set1_ps(s1));
                 const __m512i t32 = (__m512i)_mm512_cvtne2ps_pbh(tbl, tbl);
                 const __m512i qq = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q));
-                _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_srlv_epi16(qq, shifts), t32));
+                const __m512i idx = _mm512_srlv_epi16(qq, shifts);
+                _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(idx, t32));
+                if (rest) { /* the table's 16 entries (both halves of t32 hold them) */
+                    const __m512 th = _mm512_castsi512_ps(
+                        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(t32)), 16));
+                    const __m512 tr = _mm512_sub_ps(tbl, th);
+                    _mm512_storeu_si512(rdst, _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(tr, tr)));
+                }
             }
         }
         return;
@@ -87,22 +110,24 @@ INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf, int il) {
         for (int kb = 0; kb < NB; kb++) {
             __m512 lo, hi;
             dq_block(fmt, w, n0 + c, kb, &lo, &hi);
-            _mm512_storeu_si512(dst + kb * blk_step, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+            _mm512_storeu_si512(dst + kb * blk_step, v);
+            if (rest) _mm512_storeu_si512(rest + c * col_step + kb * blk_step, bf16_rest(lo, hi, v));
         }
     }
 }
 
-static void dq_strip_any(const sk_w *w, int n0, uint16_t *buf, int il) {
+static void dq_strip_any(const sk_w *w, int n0, uint16_t *buf, int il, uint16_t *rest) {
     switch (w->fmt) {
-    case SK_Q4_1: dq_strip(SK_Q4_1, w, n0, buf, il); break;
-    case SK_Q8_0: dq_strip(SK_Q8_0, w, n0, buf, il); break;
-    case SK_Q4_0: dq_strip(SK_Q4_0, w, n0, buf, il); break;
-    case SK_Q4_K: dq_strip(SK_Q4_K, w, n0, buf, il); break;
-    case SK_Q6_K: dq_strip(SK_Q6_K, w, n0, buf, il); break;
-    case SK_Q5_K: dq_strip(SK_Q5_K, w, n0, buf, il); break;
-    case SK_F16: dq_strip(SK_F16, w, n0, buf, il); break;
-    case SK_BFLOAT16: dq_strip(SK_BFLOAT16, w, n0, buf, il); break;
-    default: dq_strip(SK_F32, w, n0, buf, il); break;
+    case SK_Q4_1: dq_strip(SK_Q4_1, w, n0, buf, il, rest); break;
+    case SK_Q8_0: dq_strip(SK_Q8_0, w, n0, buf, il, rest); break;
+    case SK_Q4_0: dq_strip(SK_Q4_0, w, n0, buf, il, rest); break;
+    case SK_Q4_K: dq_strip(SK_Q4_K, w, n0, buf, il, rest); break;
+    case SK_Q6_K: dq_strip(SK_Q6_K, w, n0, buf, il, rest); break;
+    case SK_Q5_K: dq_strip(SK_Q5_K, w, n0, buf, il, rest); break;
+    case SK_F16: dq_strip(SK_F16, w, n0, buf, il, rest); break;
+    case SK_BFLOAT16: dq_strip(SK_BFLOAT16, w, n0, buf, il, rest); break;
+    default: dq_strip(SK_F32, w, n0, buf, il, rest); break;
     }
 }
 
@@ -129,14 +154,14 @@ INLINE void dp_tile(const uint16_t *a, const uint32_t *bt, int NB, __m512 r[16])
 static void mm_dpbf16_team(const sk_w *w, int M, const float *x, int ldx, uint32_t *xb, float *y, int ldy, int acc,
                            sk_team *t) {
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
-    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, t);
+    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, NULL, t);
     team_barrier(t);
     uint16_t *buf = strip_buffer((size_t)16 * K * 2);
     int s0, s1;
     team_span(t, N / 16, &s0, &s1);
     for (int s = s0; s < s1; s++) {
         const int n0 = s * 16;
-        dq_strip_any(w, n0, buf, 1);
+        dq_strip_any(w, n0, buf, 1, NULL);
         for (int mt = 0; mt < MT; mt++) {
             __m512 r[16];
             dp_tile(buf, xb + (size_t)mt * NB * 256, NB, r);
@@ -163,40 +188,58 @@ static void amx_configure(void) {
     _tile_loadconfig(&cfg);
 }
 
-
 /* Strips of 32 output columns (two tiles) are split over the threads; each strip is dequantized
- * once and multiplied with every 16-row tile of x (packed into xb first). Threads must have loaded
- * the tile configuration (amx_configure). */
+ * once and multiplied with every 16-row tile of x (packed into xb first). With `two`, both operands
+ * go in as two bf16 terms, the value rounded and what that left (w = wh + wl, x = xh + xl, ~16
+ * bits each), and three products a block, wh xh + wh xl + wl xh, accumulate in fp32 (wl xl, ~2^-16
+ * of the whole, is left out): one bf16 product rounds both operands to 8 bits, and that changed
+ * greedy output against the fp32 build on 4 of 20 bench prompts; three keep all 20, for twice the
+ * dequantizing (docs/engine.md, *AMX tiles in two terms*). Without `two`, one product (drafts).
+ * Tiles: 0, 1 the two column tiles' sums; 4, 5 their wh blocks, 2, 3 their wl blocks; 6 xh, 7 xl.
+ * Threads must have loaded the tile configuration (amx_configure). */
 static void mm_amx_team(const sk_w *w, int M, const float *x, int ldx, uint32_t *xb, float *y, int ldy, int acc,
-                        sk_team *t) {
+                        int two, sk_team *t) {
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
-    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, t);
+    uint32_t *xl = two ? xb + (size_t)MT * NB * 256 : NULL;
+    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, xl, t);
     team_barrier(t);
-    uint16_t *buf = strip_buffer((size_t)32 * K * 2);
+    uint16_t *buf = strip_buffer((size_t)(two ? 64 : 32) * K * 2); /* wh of both column tiles, then wl */
+    uint16_t *wl = two ? buf + (size_t)32 * K : NULL;
     float ctile[2][16 * 16] __attribute__((aligned(64)));
     int s0, s1;
     team_span(t, (N + 31) / 32, &s0, &s1);
     for (int s = s0; s < s1; s++) {
-        const int n0 = s * 32, two = n0 + 16 < N;
-        dq_strip_any(w, n0, buf, 0);
-        if (two) dq_strip_any(w, n0 + 16, buf + (size_t)16 * K, 0);
+        const int n0 = s * 32, pair = n0 + 16 < N;
+        dq_strip_any(w, n0, buf, 0, wl);
+        if (pair) dq_strip_any(w, n0 + 16, buf + (size_t)16 * K, 0, two ? wl + (size_t)16 * K : NULL);
         for (int mt = 0; mt < MT; mt++) {
-            const uint32_t *bt = xb + (size_t)mt * NB * 256;
+            const uint32_t *bt = xb + (size_t)mt * NB * 256, *bl = two ? xl + (size_t)mt * NB * 256 : NULL;
             _tile_zero(0);
             _tile_zero(1);
             for (int kb = 0; kb < NB; kb++) {
                 _tile_loadd(6, bt + (size_t)kb * 256, 64);
                 _tile_loadd(4, buf + kb * 32, K * 2);
-                _tile_dpbf16ps(0, 4, 6);
                 if (two) {
+                    _tile_loadd(7, bl + (size_t)kb * 256, 64);
+                    _tile_loadd(2, wl + kb * 32, K * 2);
+                    _tile_dpbf16ps(0, 2, 6);
+                    _tile_dpbf16ps(0, 4, 7);
+                }
+                _tile_dpbf16ps(0, 4, 6);
+                if (pair) {
                     _tile_loadd(5, buf + (size_t)16 * K + kb * 32, K * 2);
+                    if (two) {
+                        _tile_loadd(3, wl + (size_t)16 * K + kb * 32, K * 2);
+                        _tile_dpbf16ps(1, 3, 6);
+                        _tile_dpbf16ps(1, 5, 7);
+                    }
                     _tile_dpbf16ps(1, 5, 6);
                 }
             }
             _tile_stored(0, ctile[0], 64);
-            if (two) _tile_stored(1, ctile[1], 64);
+            if (pair) _tile_stored(1, ctile[1], 64);
             const int rows = M - mt * 16 < 16 ? M - mt * 16 : 16;
-            for (int h = 0; h <= two; h++) {
+            for (int h = 0; h <= pair; h++) {
                 __m512 r[16];
                 for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(ctile[h] + i * 16);
                 store_tile(r, y + (size_t)mt * 16 * ldy + n0 + h * 16, ldy, rows, acc);
