@@ -46,7 +46,7 @@ static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t 
                 if (xrest) r = bf16_rest(a, b, v);
                 if (q4) {
                     v = _mm512_permutexvar_epi16(order, v);
-                    r = _mm512_permutexvar_epi16(order, r);
+                    if (xrest) r = _mm512_permutexvar_epi16(order, r);
                 }
             }
             _mm512_i32scatter_epi32(tile + m, stride, v, 4);
