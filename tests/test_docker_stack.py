@@ -94,8 +94,8 @@ def test_dubbing_sessions_use_both_asr_workers_and_the_engine_worker(stack, tmp_
     procs = [client(port, wav, "--speed", "2") for _ in range(4)]
     for proc in procs:
         out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
         got = events(out)
+        assert proc.returncode == 0, (err[-2000:], [e for e in got if e.get("type") in ("error", "summary")])
         summary = got[-1]
         assert summary["errors"] == 0 and summary["ended"], summary
         assert "quick brown fox" in summary["transcript"].lower() and "close the window" in summary["transcript"].lower()

@@ -95,6 +95,58 @@ async def test_inprocess_shutdown_flushes(pipelines):
     assert result.ended and result.close_code == 1001
 
 
+def _finals(result) -> list[str]:
+    return [e["text"] for e in result.events if e["type"] == "text" and e["final"]]
+
+
+def _error_codes(result) -> list[str]:
+    return [e["code"] for e in result.events if e["type"] == "error"]
+
+
+async def test_a_stop_waits_for_a_flush_that_keeps_making_progress(pipelines):
+    """Six pieces 0.4 s apart (2.4 s) outlast both limits of 1 s: a client's stop still gets all
+    of them, as the pipeline never goes a second without output."""
+    limits = Limits(shutdown_timeout=1.0, flush_stall_timeout=1.0)
+    async with running_server(pipelines, limits=limits) as server:
+        async with StreamClient(server.url) as c:
+            await c.start("slow_flush")
+            result = await c.stream_audio(tone(0.2), speed=0)
+    assert _finals(result) == [f"piece {n} of 6" for n in range(1, 7)]
+    assert _error_codes(result) == [] and result.ended and result.close_code == 1000
+
+
+async def test_a_stalled_flush_ends_with_flush_timeout(pipelines):
+    """A flush that sends nothing for `flush_stall_timeout` s is given up: the client is told so,
+    still gets `end` and a normal close."""
+    limits = Limits(flush_stall_timeout=1.0)
+    async with running_server(pipelines, limits=limits) as server:
+        async with StreamClient(server.url) as c:
+            await c.start("stalled_flush")
+            result = await c.stream_audio(tone(0.2), speed=0)
+    assert _finals(result) == [] and _error_codes(result) == ["flush_timeout"]
+    assert result.ended and result.close_code == 1000
+
+
+async def test_a_shutdown_bounds_a_flush_the_client_started(pipelines):
+    """A server shutdown during a client's stop ends that flush after `shutdown_timeout` s even
+    though the pipeline is still making progress (the process is about to be killed)."""
+    (pipelines / "slow_flush.yaml").write_text(
+        (pipelines / "slow_flush.yaml").read_text().replace("pieces: 6", "pieces: 40"))
+    limits = Limits(shutdown_timeout=1.0, flush_stall_timeout=30.0)
+    async with running_server(pipelines, limits=limits) as server:
+        c = StreamClient(server.url)
+        await c.connect()
+        await c.start("slow_flush")
+        await c.send_audio(tone(0.2))
+        await c.stop()
+        await asyncio.sleep(0.5)
+        await server.shutdown()
+        result = await c.wait_closed(10)
+    got = _finals(result)
+    assert 0 < len(got) < 40 and got == [f"piece {n} of 40" for n in range(1, len(got) + 1)]
+    assert _error_codes(result) == ["flush_timeout"] and result.ended
+
+
 def _wait_healthy(port: int, proc, timeout: float = 60) -> None:
     import urllib.request
 

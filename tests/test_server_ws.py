@@ -106,7 +106,7 @@ async def test_http_routes(pipelines, tmp_path):
         status, headers, body = await aget(base + "/healthz")
         health = json.loads(body)
         assert status == 200 and health["status"] == "ok" and health["sessions"] == 0
-        assert set(health["pipelines"]) == {"echo", "echo24", "meter"}
+        assert set(health["pipelines"]) == {"echo", "echo24", "meter", "slow_flush", "stalled_flush"}
         assert isinstance(health["models"], list)
         status, headers, body = await aget(base + "/")
         assert status == 200 and body == b"<h1>hi</h1>" and headers["Content-Type"].startswith("text/html")

@@ -80,6 +80,8 @@ class Connection:
         self.input: SessionInput | None = None  # set at start
         self.serializer: FrameSerializer | None = None  # set at start: needs the output rate
         self.counters: collections.Counter[str] = collections.Counter()
+        self.last_output = 0.0  # loop time the pipeline last emitted a frame (the flush's progress)
+        self.shutdown_deadline: float | None = None  # loop time a server shutdown ends the flush
 
     # ------------------------------------------------------------------ sending
     async def send_event(self, event: dict[str, Any], policy: SendPolicy = SendPolicy.KEEP, key: Any = None) -> None:
@@ -248,6 +250,7 @@ class Connection:
     async def _pump(self) -> None:
         try:
             async for frame in self.session.outputs():
+                self.last_output = asyncio.get_running_loop().time()
                 for item in self.serializer.serialize(frame):
                     await self.send(item)
             for item in self.serializer.flush():
@@ -286,11 +289,8 @@ class Connection:
             await self.input.flush()
             await self.session.end()
             pump = self.tasks[0] if self.tasks else None
-            if pump is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(pump), self.limits.shutdown_timeout)
-                except (asyncio.TimeoutError, TimeoutError):
-                    await self.send_event(protocol.error("flush_timeout", "the pipeline did not finish flushing in time"))
+            if pump is not None and not await self._flushed(pump):
+                await self.send_event(protocol.error("flush_timeout", "the pipeline did not finish flushing in time"))
             await self.send_event(self.metrics_event())
             await self.send_event({"type": "end"})
         except ConnectionClosed:
@@ -303,8 +303,27 @@ class Connection:
                 pass
         await self.close_after_flush(code, reason)
 
+    async def _flushed(self, pump: asyncio.Task) -> bool:
+        """Wait for the output pump to end: True once everything the flush produced is queued.
+        A client's stop waits as long as the pipeline makes progress (a loaded server may take
+        minutes to dub the last sentences, and they are the client's words); it gives up after
+        `flush_stall_timeout` s without output. A server shutdown bounds the flush to
+        `shutdown_timeout` s in all, as the process is killed soon after (compose's grace period)."""
+        loop = asyncio.get_running_loop()
+        self.last_output = max(self.last_output, loop.time())
+        while not pump.done():
+            give_up = self.last_output + self.limits.flush_stall_timeout
+            if self.shutdown_deadline is not None:
+                give_up = min(give_up, self.shutdown_deadline)
+            if loop.time() >= give_up:
+                return False
+            # in slices: a shutdown that starts during a client's stop moves the deadline
+            await asyncio.wait({pump}, timeout=min(give_up - loop.time(), 0.5))
+        return True
+
     async def shutdown(self) -> None:
         """Server is going away: flush a running session, close an idle connection."""
+        self.shutdown_deadline = asyncio.get_running_loop().time() + self.limits.shutdown_timeout
         if self.state == "running":
             self.state = "stopping"
             self.finisher = asyncio.create_task(self.finish(protocol.CLOSE_GOING_AWAY, "server shutting down"))

@@ -19,7 +19,9 @@ class Limits:
     out_queue: int = 256  # messages queued per connection before backpressure reaches the pipeline
     max_video_pixels: int = 4096 * 4096  # larger JPEGs are refused before decoding
     metrics_interval: float = 1.0  # seconds between {"type":"metrics"} events; 0 disables
-    shutdown_timeout: float = 30.0  # SIGTERM: how long open sessions get to flush
+    shutdown_timeout: float = 30.0  # SIGTERM: how long open sessions get to flush, in all
+    # a client's stop: the flush goes on while the pipeline sends something at least this often
+    flush_stall_timeout: float = 30.0
 
 
 @dataclass

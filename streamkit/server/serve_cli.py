@@ -36,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--send-timeout", type=float, default=Limits.send_timeout,
                    help="close a client that reads nothing for this many seconds")
     p.add_argument("--metrics-interval", type=float, default=Limits.metrics_interval)
-    p.add_argument("--shutdown-timeout", type=float, default=Limits.shutdown_timeout)
+    p.add_argument("--shutdown-timeout", type=float, default=Limits.shutdown_timeout,
+                   help="on SIGTERM, seconds open sessions get to flush in all")
+    p.add_argument("--flush-stall-timeout", type=float, default=Limits.flush_stall_timeout,
+                   help="after a client's stop, end the flush once the pipeline has sent nothing for this many seconds")
     p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at start")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="import MODULE to register stages")
     return p
@@ -45,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 def server_from_args(args: argparse.Namespace) -> StreamServer:
     limits = Limits(max_message=args.max_message, max_sessions=args.max_sessions, rate=args.rate,
                     burst=args.burst, send_timeout=args.send_timeout,
-                    metrics_interval=args.metrics_interval, shutdown_timeout=args.shutdown_timeout)
+                    metrics_interval=args.metrics_interval, shutdown_timeout=args.shutdown_timeout,
+                    flush_stall_timeout=args.flush_stall_timeout)
     security = Security(token=args.token or None, allow_origins=args.allow_origin)
     return StreamServer(host=args.host, port=args.port, pipelines_dir=args.pipelines, redis_url=args.redis,
                         web_dir=args.web, limits=limits, security=security, preload=not args.no_preload,

@@ -2,12 +2,13 @@
 
 `audio_meter` is a real (if simple) stage: it reports how much audio it has heard as text,
 partial every `every_s` seconds and final at flush, so flush-on-stop and flush-on-SIGTERM can be
-checked without loading Whisper. Import this module (serve --plugin streamkit.server.testing)
-to register it.
+checked without loading Whisper; `slow_flush` takes its time flushing, for the limits on a
+flush. Import this module (serve --plugin streamkit.server.testing) to register them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from pathlib import Path
 from typing import AsyncIterator, Literal
@@ -45,6 +46,28 @@ class AudioMeter(Stage):
                         pts=self.heard)
 
 
+@register_stage("slow_flush")
+class SlowFlush(Stage):
+    """At flush, `pieces` final texts, each `gap_s` seconds after the last: a pipeline whose last
+    words take a while (a loaded translator), or, with one long gap, one that stalls."""
+
+    class Config(StageConfig):
+        type: Literal["slow_flush"] = "slow_flush"
+        pieces: int = Field(default=3, ge=1)
+        gap_s: float = Field(default=0.1, ge=0)
+
+    accepts = (AudioFrame,)
+
+    async def process(self, frame: Frame) -> AsyncIterator[Frame]:
+        return
+        yield
+
+    async def flush(self) -> AsyncIterator[Frame]:
+        for n in range(self.config.pieces):
+            await asyncio.sleep(self.config.gap_s)
+            yield TextFrame(f"piece {n + 1} of {self.config.pieces}", final=True)
+
+
 PIPELINES = {
     "echo": """
 name: echo
@@ -70,6 +93,20 @@ stages:
   - {name: meter, type: audio_meter, every_s: 0.5}
   - {name: gain, type: gain, input: input}
 output: [meter, gain]
+""",
+    "slow_flush": """
+name: slow_flush
+input: {audio: {sample_rate: 16000}}
+stages:
+  - {name: slow, type: slow_flush, pieces: 6, gap_s: 0.4}
+output: [slow]
+""",
+    "stalled_flush": """
+name: stalled_flush
+input: {audio: {sample_rate: 16000}}
+stages:
+  - {name: slow, type: slow_flush, pieces: 1, gap_s: 4.0}
+output: [slow]
 """,
 }
 
