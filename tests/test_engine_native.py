@@ -485,6 +485,21 @@ def test_native_fp32_forward_matches_torch_fp32(raw_model, reference_run, isa):
     assert max(float((a - b).abs().max()) for a, b in zip(logits, ref_logits)) < 2e-3
 
 
+def test_native_fp32_one_sequence_alone_matches_torch_fp32(raw_model, reference_run, isa):
+    """One sequence decoded alone: steps of one token, fewer rows than threads, where the threads
+    split each row's norms and SwiGLU by columns and the attention by query heads (SmolLM2's 3 KV
+    heads of 3 query heads each do not split evenly by KV head). Its tokens and logits are those of
+    the torch fp32 model's batch of three."""
+    ids, (ref_logits, ref_tokens) = reference_run
+    model = NativeLlamaModel(raw_model, "native-fp32", isa=isa)
+    model.kv_cache = _cache(raw_model.config, torch.float32)
+    logits, tokens = _run_steps(model, [ids[2]], 12)
+    n = len(ids)
+    assert tokens == [ref_tokens[2]]
+    mine = [ref_logits[2]] + [ref_logits[n + step * n + 2] for step in range(12)]
+    assert max(float((a - b).abs().max()) for a, b in zip(logits, mine)) < 2e-3
+
+
 @pytest.mark.parametrize("batched", ["default", "bf16", "fp32"])
 def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, batched, isa):
     """The CPU default on every path: batched steps in bf16 (AMX tiles or vdpbf16ps) or int8 (VNNI),

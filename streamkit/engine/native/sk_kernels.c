@@ -182,14 +182,19 @@ static void team_end(int amx) {
 
 /* ------------------------------------------------------------------ elementwise */
 
-static void rms_norm(const float *x, const float *w, int D, float eps, float *out) {
+/* out[c0..c1) of x's RMS norm (over all D) times w */
+static void rms_norm_cols(const float *x, const float *w, int D, float eps, float *out, int c0, int c1) {
     v16 ss = v16_zero();
     for (int i = 0; i < D; i += 16) {
         const v16 v = v16_load(x + i);
         ss = v16_fmadd(v, v, ss);
     }
     const v16 r = v16_set1(1.0f / sqrtf(v16_hsum(ss) / (float)D + eps));
-    for (int i = 0; i < D; i += 16) v16_store(out + i, v16_mul(v16_mul(v16_load(x + i), r), v16_load(w + i)));
+    for (int i = c0; i < c1; i += 16) v16_store(out + i, v16_mul(v16_mul(v16_load(x + i), r), v16_load(w + i)));
+}
+
+static void rms_norm(const float *x, const float *w, int D, float eps, float *out) {
+    rms_norm_cols(x, w, D, eps, out, 0, D);
 }
 
 /* interleaved-pair rotation (GGUF's Q/K row order): (x0, x1) -> (x0 c - x1 s, x0 s + x1 c) */
@@ -343,11 +348,12 @@ INLINE v16 kv_load(const void *p, size_t i, int half) {
 #define SK_SG 2
 #endif
 
-/* One token's query group (the G heads sharing KV head kvh) over positions 0..ctx-1 of its
- * sequence: scores, softmax with the row maximum subtracted, weighted sum of V. */
-INLINE void attend_kv(const sk_model *m, int layer, int kvh, const float *q, int ctx, const int32_t *table, float *out,
-                      int half) {
-    const int hd = m->head_dim, G = m->n_heads / m->n_kv, bs = m->block_size, HV = hd / 16;
+/* G consecutive query heads of one token (q, out: the first's), all sharing KV head kvh, over
+ * positions 0..ctx-1 of its sequence: scores, softmax with the row maximum subtracted, weighted
+ * sum of V. */
+INLINE void attend_kv(const sk_model *m, int layer, int kvh, const float *q, int G, int ctx, const int32_t *table,
+                      float *out, int half) {
+    const int hd = m->head_dim, bs = m->block_size, HV = hd / 16;
     const int nblk = (ctx + bs - 1) / bs, stride = nblk * bs;
     float *sc = strip_buffer((size_t)G * stride * 4); /* G x context scores: no matmul runs meanwhile */
     const size_t base = ((size_t)layer * m->n_kv + kvh) * (size_t)m->pool_slots * hd; /* in elements */
@@ -417,28 +423,26 @@ INLINE void attend_kv(const sk_model *m, int layer, int kvh, const float *q, int
     }
 }
 
-static void attend(const sk_model *m, int layer, int kvh, const float *q, int ctx, const int32_t *table, float *out) {
-    if (m->kv_half) attend_kv(m, layer, kvh, q, ctx, table, out, 1);
-    else attend_kv(m, layer, kvh, q, ctx, table, out, 0);
+static void attend(const sk_model *m, int layer, int kvh, const float *q, int G, int ctx, const int32_t *table,
+                   float *out) {
+    if (m->kv_half) attend_kv(m, layer, kvh, q, G, ctx, table, out, 1);
+    else attend_kv(m, layer, kvh, q, G, ctx, table, out, 0);
 }
 
-/* token r's K (rotated) and V for every KV head into its slot */
-static void write_kv(const sk_model *m, int layer, long slot, const float *k, const float *v) {
+/* a token's K (rotated) and V of KV head j into its slot */
+static void write_kv(const sk_model *m, int layer, long slot, int j, const float *kj, const float *vj) {
     const int hd = m->head_dim, bs = m->block_size;
     const long blk = slot / bs, off = slot % bs;
-    for (int j = 0; j < m->n_kv; j++) {
-        const size_t head = ((size_t)layer * m->n_kv + j) * (size_t)m->pool_slots;
-        const size_t kt = (head + (size_t)blk * bs) * hd + off, vr = (head + (size_t)slot) * hd; /* elements */
-        const float *kj = k + (size_t)j * hd, *vj = v + (size_t)j * hd;
-        if (m->kv_half) {
-            uint16_t *kp = (uint16_t *)m->k_pool + kt, *vp = (uint16_t *)m->v_pool + vr;
-            for (int d = 0; d < hd; d++) kp[(size_t)d * bs] = _cvtss_sh(kj[d], _MM_FROUND_TO_NEAREST_INT);
-            for (int d = 0; d < hd; d += 16) v16_store_half(vp + d, v16_load(vj + d));
-        } else {
-            float *kp = (float *)m->k_pool + kt;
-            for (int d = 0; d < hd; d++) kp[(size_t)d * bs] = kj[d];
-            memcpy((float *)m->v_pool + vr, vj, (size_t)hd * 4);
-        }
+    const size_t head = ((size_t)layer * m->n_kv + j) * (size_t)m->pool_slots;
+    const size_t kt = (head + (size_t)blk * bs) * hd + off, vr = (head + (size_t)slot) * hd; /* elements */
+    if (m->kv_half) {
+        uint16_t *kp = (uint16_t *)m->k_pool + kt, *vp = (uint16_t *)m->v_pool + vr;
+        for (int d = 0; d < hd; d++) kp[(size_t)d * bs] = _cvtss_sh(kj[d], _MM_FROUND_TO_NEAREST_INT);
+        for (int d = 0; d < hd; d += 16) v16_store_half(vp + d, v16_load(vj + d));
+    } else {
+        float *kp = (float *)m->k_pool + kt;
+        for (int d = 0; d < hd; d++) kp[(size_t)d * bs] = kj[d];
+        memcpy((float *)m->v_pool + vr, vj, (size_t)hd * 4);
     }
 }
 
@@ -458,11 +462,85 @@ typedef struct {
     float *logits;
 } forward_args;
 
-/* rms_norm of rows [0, T) of x into out, this thread's share */
+/* rms_norm of rows [0, T) of x into out, this thread's share: whole rows, or with fewer rows than
+ * threads a span of every row's columns (at batch 1 one thread had all of it, the other waited) */
 static void norm_rows(const sk_model *m, const float *x, const float *w, int T, float *out, sk_team *t) {
+    const int D = m->dim;
     int a, b;
+    if (T < t->nt) {
+        team_span(t, D / 16, &a, &b);
+        for (int r = 0; r < T; r++)
+            rms_norm_cols(x + (size_t)r * D, w, D, m->eps, out + (size_t)r * D, a * 16, b * 16);
+        return;
+    }
     team_span(t, T, &a, &b);
-    for (int r = a; r < b; r++) rms_norm(x + (size_t)r * m->dim, w, m->dim, m->eps, out + (size_t)r * m->dim);
+    for (int r = a; r < b; r++) rms_norm(x + (size_t)r * D, w, D, m->eps, out + (size_t)r * D);
+}
+
+/* the QKV bias, RoPE and the K/V write of T tokens, this thread's share of (token, KV head) units:
+ * a KV head's K and V and the G query heads that share it */
+static void rope_write_kv(const forward_args *f, const sk_layer *L, int l, int T, sk_team *t) {
+    const sk_model *m = f->m;
+    const int H = m->n_heads, KV = m->n_kv, hd = m->head_dim, G = H / KV, QKV = (H + 2 * KV) * hd, A = H * hd;
+    int a, b;
+    team_span(t, T * KV, &a, &b);
+    for (int u = a; u < b; u++) {
+        const int r = u / KV, j = u % KV;
+        float *q = m->qkv + (size_t)r * QKV + (size_t)j * G * hd, *k = m->qkv + (size_t)r * QKV + A + (size_t)j * hd;
+        float *v = k + (size_t)KV * hd;
+        if (L->qkv_bias) {
+            const float *bq = L->qkv_bias + (size_t)j * G * hd, *bk = L->qkv_bias + A + (size_t)j * hd;
+            for (int i = 0; i < G * hd; i++) q[i] += bq[i];
+            for (int i = 0; i < hd; i++) k[i] += bk[i];
+            for (int i = 0; i < hd; i++) v[i] += bk[(size_t)KV * hd + i];
+        }
+        const float *cs = m->rope_cos + (size_t)f->pos[r] * (hd / 2), *sn = m->rope_sin + (size_t)f->pos[r] * (hd / 2);
+        rope(q, G, hd, cs, sn);
+        rope(k, 1, hd, cs, sn);
+        write_kv(m, l, (long)f->slots[r], j, k, v);
+    }
+}
+
+/* attention of T tokens, this thread's share. Few tokens (SmolLM2 at batch 1: 3 KV heads of 3
+ * query heads each): contiguous runs of query heads, so the threads get as many heads each (by KV
+ * head, one thread did 2 of the 3 and the other waited, 4 % of a batch-1 step); else (token, KV
+ * head) units interleaved, since prefill rows grow in length. */
+static void attend_rows(const forward_args *f, int l, int T, sk_team *t) {
+    const sk_model *m = f->m;
+    const int H = m->n_heads, KV = m->n_kv, hd = m->head_dim, G = H / KV, QKV = (H + 2 * KV) * hd, A = H * hd;
+    if (T * KV < 4 * t->nt) {
+        int a, b;
+        team_span(t, T * H, &a, &b);
+        for (int h = a; h < b;) {
+            const int r = h / H, hh = h % H, g = hh % G, n = G - g < b - h ? G - g : b - h;
+            attend(m, l, hh / G, m->qkv + (size_t)r * QKV + (size_t)hh * hd, n, f->pos[r] + 1,
+                   f->tables + (size_t)f->tok_seq[r] * f->nb_stride, m->att + (size_t)r * A + (size_t)hh * hd);
+            h += n;
+        }
+        return;
+    }
+    for (int i = t->tid; i < T * KV; i += t->nt) {
+        const int r = i / KV, j = i % KV;
+        attend(m, l, j, m->qkv + (size_t)r * QKV + (size_t)j * G * hd, G, f->pos[r] + 1,
+               f->tables + (size_t)f->tok_seq[r] * f->nb_stride, m->att + (size_t)r * A + (size_t)j * G * hd);
+    }
+}
+
+/* SwiGLU of rows [0, T) of gu into act, this thread's share: whole rows, or spans of every row as
+ * norm_rows */
+static void silu_rows(const sk_model *m, int T, sk_team *t) {
+    const int F = m->ffn;
+    int a, b;
+    if (T < t->nt) {
+        team_span(t, F / 16, &a, &b);
+        for (int r = 0; r < T; r++)
+            silu_mul(m->gu + (size_t)r * 2 * F + a * 16, m->gu + (size_t)r * 2 * F + F + a * 16, (b - a) * 16,
+                     m->act + (size_t)r * F + a * 16);
+        return;
+    }
+    team_span(t, T, &a, &b);
+    for (int r = a; r < b; r++)
+        silu_mul(m->gu + (size_t)r * 2 * F, m->gu + (size_t)r * 2 * F + F, F, m->act + (size_t)r * F);
 }
 
 static void forward_job(void *p, sk_team *t) {
@@ -471,8 +549,8 @@ static void forward_job(void *p, sk_team *t) {
 #define I8_TWO ((f->i8_mask & 32) != 0)
 #define GEMV ((f->i8_mask & SK_GEMV) != 0)
     sk_model *m = f->m;
-    const int T = f->T, D = m->dim, H = m->n_heads, KV = m->n_kv, hd = m->head_dim, F = m->ffn, G = H / KV;
-    const int QKV = (H + 2 * KV) * hd, A = H * hd, amr = f->bf16_min_rows;
+    const int T = f->T, D = m->dim, F = m->ffn, A = m->n_heads * m->head_dim;
+    const int QKV = A + 2 * m->n_kv * m->head_dim, amr = f->bf16_min_rows;
     int a, b;
     team_begin(f->amx);
     team_span(t, T, &a, &b);
@@ -483,30 +561,15 @@ static void forward_job(void *p, sk_team *t) {
         norm_rows(m, m->x, L->attn_norm, T, m->h, t);
         team_barrier(t);
         matmul_team(&L->qkv, T, m->h, D, m->qkv, QKV, 0, amr, I8(1), I8_TWO, GEMV, m->xb, t);
-        team_span(t, T, &a, &b);
-        for (int r = a; r < b; r++) {
-            float *q = m->qkv + (size_t)r * QKV, *k = q + A, *v = k + KV * hd;
-            if (L->qkv_bias)
-                for (int j = 0; j < QKV; j++) q[j] += L->qkv_bias[j];
-            const float *cs = m->rope_cos + (size_t)f->pos[r] * (hd / 2), *sn = m->rope_sin + (size_t)f->pos[r] * (hd / 2);
-            rope(q, H, hd, cs, sn);
-            rope(k, KV, hd, cs, sn);
-            write_kv(m, l, (long)f->slots[r], k, v);
-        }
+        rope_write_kv(f, L, l, T, t);
         team_barrier(t);
-        for (int i = t->tid; i < T * KV; i += t->nt) { /* interleaved: prefill rows grow in length */
-            const int r = i / KV, j = i % KV;
-            attend(m, l, j, m->qkv + (size_t)r * QKV + (size_t)j * G * hd, f->pos[r] + 1,
-                   f->tables + (size_t)f->tok_seq[r] * f->nb_stride, m->att + (size_t)r * A + (size_t)j * G * hd);
-        }
+        attend_rows(f, l, T, t);
         team_barrier(t);
         matmul_team(&L->o, T, m->att, A, m->x, D, 1, amr, I8(2), I8_TWO, GEMV, m->xb, t);
         norm_rows(m, m->x, L->ffn_norm, T, m->h, t);
         team_barrier(t);
         matmul_team(&L->gu, T, m->h, D, m->gu, 2 * F, 0, amr, I8(4), I8_TWO, GEMV, m->xb, t);
-        team_span(t, T, &a, &b);
-        for (int r = a; r < b; r++)
-            silu_mul(m->gu + (size_t)r * 2 * F, m->gu + (size_t)r * 2 * F + F, F, m->act + (size_t)r * F);
+        silu_rows(m, T, t);
         team_barrier(t);
         matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), I8_TWO, GEMV, m->xb, t);
     }
