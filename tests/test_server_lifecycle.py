@@ -104,14 +104,15 @@ def _error_codes(result) -> list[str]:
 
 
 async def test_a_stop_waits_for_a_flush_that_keeps_making_progress(pipelines):
-    """Six pieces 0.4 s apart (2.4 s) outlast both limits of 1 s: a client's stop still gets all
-    of them, as the pipeline never goes a second without output."""
-    limits = Limits(shutdown_timeout=1.0, flush_stall_timeout=1.0)
+    """Eight pieces 0.4 s apart (3.2 s) outlast both limits (1.5 s of silence, 1 s in all on
+    SIGTERM): a client's stop still gets all of them, as the pipeline never goes 1.5 s without
+    output."""
+    limits = Limits(shutdown_timeout=1.0, flush_stall_timeout=1.5)
     async with running_server(pipelines, limits=limits) as server:
         async with StreamClient(server.url) as c:
             await c.start("slow_flush")
             result = await c.stream_audio(tone(0.2), speed=0)
-    assert _finals(result) == [f"piece {n} of 6" for n in range(1, 7)]
+    assert _finals(result) == [f"piece {n} of 8" for n in range(1, 9)]
     assert _error_codes(result) == [] and result.ended and result.close_code == 1000
 
 
@@ -131,7 +132,7 @@ async def test_a_shutdown_bounds_a_flush_the_client_started(pipelines):
     """A server shutdown during a client's stop ends that flush after `shutdown_timeout` s even
     though the pipeline is still making progress (the process is about to be killed)."""
     (pipelines / "slow_flush.yaml").write_text(
-        (pipelines / "slow_flush.yaml").read_text().replace("pieces: 6", "pieces: 40"))
+        (pipelines / "slow_flush.yaml").read_text().replace("pieces: 8", "pieces: 40"))
     limits = Limits(shutdown_timeout=1.0, flush_stall_timeout=30.0)
     async with running_server(pipelines, limits=limits) as server:
         c = StreamClient(server.url)

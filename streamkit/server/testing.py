@@ -94,21 +94,21 @@ stages:
   - {name: gain, type: gain, input: input}
 output: [meter, gain]
 """,
-    "slow_flush": """
-name: slow_flush
-input: {audio: {sample_rate: 16000}}
-stages:
-  - {name: slow, type: slow_flush, pieces: 6, gap_s: 0.4}
-output: [slow]
-""",
-    "stalled_flush": """
-name: stalled_flush
-input: {audio: {sample_rate: 16000}}
-stages:
-  - {name: slow, type: slow_flush, pieces: 1, gap_s: 4.0}
-output: [slow]
-""",
 }
+
+
+def _slow_flush_pipeline(name: str, pieces: int, gap_s: float) -> str:
+    return f"""
+name: {name}
+input: {{audio: {{sample_rate: 16000}}}}
+stages:
+  - {{name: slow, type: slow_flush, pieces: {pieces}, gap_s: {gap_s}}}
+output: [slow]
+"""
+
+
+PIPELINES["slow_flush"] = _slow_flush_pipeline("slow_flush", pieces=8, gap_s=0.4)  # progress all the way
+PIPELINES["stalled_flush"] = _slow_flush_pipeline("stalled_flush", pieces=1, gap_s=4.0)  # silence
 
 
 def write_pipelines(directory: str | Path, names: list[str] | None = None) -> Path:
