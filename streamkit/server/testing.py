@@ -56,11 +56,7 @@ class SlowFlush(Stage):
         pieces: int = Field(default=3, ge=1)
         gap_s: float = Field(default=0.1, ge=0)
 
-    accepts = (AudioFrame,)
-
-    async def process(self, frame: Frame) -> AsyncIterator[Frame]:
-        return
-        yield
+    accepts = (AudioFrame,)  # consumed by Stage.process, which emits nothing
 
     async def flush(self) -> AsyncIterator[Frame]:
         for n in range(self.config.pieces):

@@ -182,7 +182,7 @@ static void team_end(int amx) {
 
 /* ------------------------------------------------------------------ elementwise */
 
-/* out[c0..c1) of x's RMS norm (over all D) times w */
+/* out[c0..c1) of x's RMS norm (over all D) times w (c0, c1 multiples of 16) */
 static void rms_norm_cols(const float *x, const float *w, int D, float eps, float *out, int c0, int c1) {
     v16 ss = v16_zero();
     for (int i = 0; i < D; i += 16) {
@@ -191,10 +191,6 @@ static void rms_norm_cols(const float *x, const float *w, int D, float eps, floa
     }
     const v16 r = v16_set1(1.0f / sqrtf(v16_hsum(ss) / (float)D + eps));
     for (int i = c0; i < c1; i += 16) v16_store(out + i, v16_mul(v16_mul(v16_load(x + i), r), v16_load(w + i)));
-}
-
-static void rms_norm(const float *x, const float *w, int D, float eps, float *out) {
-    rms_norm_cols(x, w, D, eps, out, 0, D);
 }
 
 /* interleaved-pair rotation (GGUF's Q/K row order): (x0, x1) -> (x0 c - x1 s, x0 s + x1 c) */
@@ -462,19 +458,29 @@ typedef struct {
     float *logits;
 } forward_args;
 
-/* rms_norm of rows [0, T) of x into out, this thread's share: whole rows, or with fewer rows than
- * threads a span of every row's columns (at batch 1 one thread had all of it, the other waited) */
+/* this thread's share of T rows of n columns (n a multiple of 16): whole rows [*r0, *r1), or with
+ * fewer rows than threads every row's columns [*c0, *c1) (at batch 1 one thread had all of a row
+ * and the other waited) */
+static void row_share(const sk_team *t, int T, int n, int *r0, int *r1, int *c0, int *c1) {
+    if (T < t->nt) {
+        *r0 = 0;
+        *r1 = T;
+        team_span(t, n / 16, c0, c1);
+        *c0 *= 16;
+        *c1 *= 16;
+    } else {
+        team_span(t, T, r0, r1);
+        *c0 = 0;
+        *c1 = n;
+    }
+}
+
+/* rms_norm of rows [0, T) of x into out, this thread's share (row_share) */
 static void norm_rows(const sk_model *m, const float *x, const float *w, int T, float *out, sk_team *t) {
     const int D = m->dim;
-    int a, b;
-    if (T < t->nt) {
-        team_span(t, D / 16, &a, &b);
-        for (int r = 0; r < T; r++)
-            rms_norm_cols(x + (size_t)r * D, w, D, m->eps, out + (size_t)r * D, a * 16, b * 16);
-        return;
-    }
-    team_span(t, T, &a, &b);
-    for (int r = a; r < b; r++) rms_norm(x + (size_t)r * D, w, D, m->eps, out + (size_t)r * D);
+    int r0, r1, c0, c1;
+    row_share(t, T, D, &r0, &r1, &c0, &c1);
+    for (int r = r0; r < r1; r++) rms_norm_cols(x + (size_t)r * D, w, D, m->eps, out + (size_t)r * D, c0, c1);
 }
 
 /* the QKV bias, RoPE and the K/V write of T tokens, this thread's share of (token, KV head) units:
@@ -490,9 +496,10 @@ static void rope_write_kv(const forward_args *f, const sk_layer *L, int l, int T
         float *v = k + (size_t)KV * hd;
         if (L->qkv_bias) {
             const float *bq = L->qkv_bias + (size_t)j * G * hd, *bk = L->qkv_bias + A + (size_t)j * hd;
+            const float *bv = bk + (size_t)KV * hd;
             for (int i = 0; i < G * hd; i++) q[i] += bq[i];
             for (int i = 0; i < hd; i++) k[i] += bk[i];
-            for (int i = 0; i < hd; i++) v[i] += bk[(size_t)KV * hd + i];
+            for (int i = 0; i < hd; i++) v[i] += bv[i];
         }
         const float *cs = m->rope_cos + (size_t)f->pos[r] * (hd / 2), *sn = m->rope_sin + (size_t)f->pos[r] * (hd / 2);
         rope(q, G, hd, cs, sn);
@@ -526,21 +533,15 @@ static void attend_rows(const forward_args *f, int l, int T, sk_team *t) {
     }
 }
 
-/* SwiGLU of rows [0, T) of gu into act, this thread's share: whole rows, or spans of every row as
- * norm_rows */
+/* SwiGLU of rows [0, T) of gu into act, this thread's share (row_share) */
 static void silu_rows(const sk_model *m, int T, sk_team *t) {
     const int F = m->ffn;
-    int a, b;
-    if (T < t->nt) {
-        team_span(t, F / 16, &a, &b);
-        for (int r = 0; r < T; r++)
-            silu_mul(m->gu + (size_t)r * 2 * F + a * 16, m->gu + (size_t)r * 2 * F + F + a * 16, (b - a) * 16,
-                     m->act + (size_t)r * F + a * 16);
-        return;
+    int r0, r1, c0, c1;
+    row_share(t, T, F, &r0, &r1, &c0, &c1);
+    for (int r = r0; r < r1; r++) {
+        const float *g = m->gu + (size_t)r * 2 * F;
+        silu_mul(g + c0, g + F + c0, c1 - c0, m->act + (size_t)r * F + c0);
     }
-    team_span(t, T, &a, &b);
-    for (int r = a; r < b; r++)
-        silu_mul(m->gu + (size_t)r * 2 * F, m->gu + (size_t)r * 2 * F + F, F, m->act + (size_t)r * F);
 }
 
 static void forward_job(void *p, sk_team *t) {
@@ -573,9 +574,10 @@ static void forward_job(void *p, sk_team *t) {
         team_barrier(t);
         matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), I8_TWO, GEMV, m->xb, t);
     }
-    team_span(t, f->R, &a, &b);
+    int c0, c1;
+    row_share(t, f->R, D, &a, &b, &c0, &c1);
     for (int r = a; r < b; r++)
-        rms_norm(m->x + (size_t)f->logit_rows[r] * D, m->out_norm, D, m->eps, m->lx + (size_t)r * D);
+        rms_norm_cols(m->x + (size_t)f->logit_rows[r] * D, m->out_norm, D, m->eps, m->lx + (size_t)r * D, c0, c1);
     team_barrier(t);
     matmul_team(&m->head, f->R, m->lx, D, f->logits, m->vocab, 0, amr, I8(16), I8_TWO, GEMV, m->xb, t);
     team_end(f->amx);

@@ -38,7 +38,8 @@ static struct {
     _Atomic unsigned gen; /* bumped once per job; workers futex-wait on it */
     _Atomic int sleepers;
     _Atomic int pending; /* workers that have not finished the current job */
-    /* a line each: the last thread to arrive writes both while the others spin on bar_sense */
+    /* a line each: the last thread to arrive writes both while the others spin on bar_sense
+     * (line_end keeps the fields after them off bar_sense's line) */
     _Alignas(64) _Atomic int bar_count;
     _Alignas(64) _Atomic int bar_sense;
     _Alignas(64) char line_end;
