@@ -1,16 +1,17 @@
 /* The batched path of the avx2 build (most laptops, many CI runners): activations quantized to int16
  * per block of 32 values (one fp32 scale a block, about the precision of sk_int8.h's two int8 terms),
- * weights as sk_int8.h's strips of unsigned 4- or 8-bit integers widened to int16, products summed in
- * int32 by vpdpwssd where the CPU has AVX-VNNI (Intel client cores since Alder Lake, AMD Zen 5), else
- * vpmaddwd + vpaddd (16 multiply-adds for one multiplier-pipe instruction, against 8 for an fp32 FMA),
- * and scaled per block in fp32 as there:
+ * weights as strips of their 4- or 8-bit integers in int16 (sk_int8.h's strip_any, Q8_0 signed),
+ * products summed in int32 by vpdpwssd where the CPU has AVX-VNNI (Intel client cores since Alder
+ * Lake, AMD Zen 5), else vpmaddwd + vpaddd (16 multiply-adds for one multiplier-pipe instruction,
+ * against 8 for an fp32 FMA), and scaled per block in fp32 as there:
  *   sum_k value_k * x_k = s0 * dx * sum_k u_k qx_k + s1 * dx * sum_k qx_k,  x_k ~ dx * qx_k.
- * A block's int32 sums stay below 2^31: 32 products of u <= 255 and |qx| <= 32767.
+ * A block's int32 sums stay below 2^31: 32 products of |u| <= 128 and |qx| <= 32767.
  *
- * Layouts: a strip of 16 output columns as int16 [K/32][16 columns][32] (u, from i8_strip) with its
- * scales s0, s1 [K/32][16]; x in tiles of 8 rows, [8-row tile][K/32][16 pairs of k][8 rows][2] int16,
- * so one ymm holds a k pair of 8 rows and a column's pair is one dword broadcast, with dx and
- * dx * sum(qx) [8-row tile][K/32][8]. Included by sk_kernels.c only, where SK_I16 is set. */
+ * Layouts: a strip of 16 output columns as int16 [K/32][16 columns][32] (u, from sk_int8.h's
+ * strip_any) with its scales s0, s1 [K/32][16]; x in tiles of 8 rows, [8-row tile][K/32][16 pairs
+ * of k][8 rows][2] int16, so one ymm holds a k pair of 8 rows and a column's pair is one dword
+ * broadcast, with dx and dx * sum(qx) [8-row tile][K/32][8]. Included by sk_kernels.c only, where
+ * SK_I16 is set. */
 #ifndef SK_INT16_H
 #define SK_INT16_H
 
@@ -55,46 +56,68 @@ static void i16_pack_x_team(const float *x, int ldx, int M, int K, int16_t *xq, 
     }
 }
 
-/* the strip's u8 values (i8_strip) widened to int16, in place from the back */
-INLINE void i16_widen_strip(uint8_t *u, int NB) {
-    int16_t *w = (int16_t *)u;
-    for (long i = (long)NB * 512 - 16; i >= 0; i -= 16)
-        _mm256_storeu_si256((__m256i *)(w + i), _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(u + i))));
+/* f += acc * dx * s0 + dx * sum(qx) * s1 for one 8-row half of a column */
+INLINE void i16_scale(__m256i acc, __m256 d, __m256 ds, __m256 s0, __m256 s1, float *f) {
+    _mm256_storeu_ps(f, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(d, s0),
+                                        _mm256_fmadd_ps(ds, s1, _mm256_loadu_ps(f))));
 }
 
-/* 4 columns (c0..c0+3 of the strip) of one or two 8-row tiles (xa, and xb where `two_tiles`),
- * accumulated into out[c * 16 + row] (rows 8..15 from xb) */
-INLINE void i16_tile4(const int16_t *u, const float *s0, const float *s1, const int16_t *xa, const int16_t *xb,
-                      const float *dxa, const float *dxsa, const float *dxb, const float *dxsb, int NB, int c0,
-                      float *out, int two_tiles) {
-    for (int c = 0; c < 4; c++)
+/* NC columns (c0..c0+NC-1 of the strip; a constant where inlined, 4 with two tiles, 8 with one) of
+ * one or two 8-row tiles (xa, and xb where `two_tiles`), accumulated into out[c * 16 + row] (rows
+ * 8..15 from xb). Each accumulator is a chain of dependent multiply-adds: vpdpwssd waits about 4
+ * cycles for its accumulator and issues two a cycle, so 4 chains (one tile, 4 columns) can issue
+ * only one a cycle (8 columns: the head at 8 rows 2.57 -> 2.46 ms); with 8 the block's scaling (4
+ * fp32 operations per 16 multiply-adds, on the same ports) is the limit. With AVX-VNNI a block's 16
+ * k pairs are unrolled whole: GCC kept a rolled loop's accumulators on the stack (Intel Xeon, 16
+ * rows: 4.0 against 4.25 ms for the head); vpmaddwd + vpaddd spilled when unrolled whole (20 %
+ * slower), so that build unrolls 4. */
+INLINE void i16_tile(const int16_t *u, const float *s0, const float *s1, const int16_t *xa, const int16_t *xb,
+                     const float *dxa, const float *dxsa, const float *dxb, const float *dxsb, int NB, int c0, int NC,
+                     float *out, int two_tiles) {
+    for (int c = 0; c < NC; c++)
         for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + c * 16 + h * 8, _mm256_setzero_ps());
     for (int kb = 0; kb < NB; kb++) {
         const uint32_t *uk = (const uint32_t *)(u + (size_t)kb * 512) + c0 * 16;
         const int16_t *ka = xa + (size_t)kb * (I16_TILE_BYTES / 2), *kb2 = xb + (size_t)kb * (I16_TILE_BYTES / 2);
-        __m256i acc[4][2];
-        for (int c = 0; c < 4; c++) acc[c][0] = acc[c][1] = _mm256_setzero_si256();
+        __m256i acc[8][2];
+        for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = _mm256_setzero_si256();
+#if SK_VNNI256
+#pragma GCC unroll 16
+#else
 #pragma GCC unroll 4
+#endif
         for (int p = 0; p < 16; p++) {
             const __m256i x0 = _mm256_load_si256((const __m256i *)(ka + p * 16));
             const __m256i x1 = two_tiles ? _mm256_load_si256((const __m256i *)(kb2 + p * 16)) : x0;
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++) {
                 const __m256i wb = _mm256_set1_epi32((int)uk[c * 16 + p]);
                 acc[c][0] = gv_madd_acc(acc[c][0], wb, x0); /* sk_gemv.h: vpdpwssd or vpmaddwd + vpaddd */
                 if (two_tiles) acc[c][1] = gv_madd_acc(acc[c][1], wb, x1);
             }
         }
         const float *a = s0 + (size_t)kb * 16 + c0, *o = s1 + (size_t)kb * 16 + c0;
-        for (int h = 0; h < (two_tiles ? 2 : 1); h++) {
-            const __m256 d = _mm256_loadu_ps((h ? dxb : dxa) + (size_t)kb * 8);
-            const __m256 ds = _mm256_loadu_ps((h ? dxsb : dxsa) + (size_t)kb * 8);
-            for (int c = 0; c < 4; c++) {
-                float *f = out + c * 16 + h * 8;
-                _mm256_storeu_ps(f, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[c][h]), _mm256_mul_ps(d, _mm256_set1_ps(a[c])),
-                                                    _mm256_fmadd_ps(ds, _mm256_set1_ps(o[c]), _mm256_loadu_ps(f))));
-            }
+        const __m256 d0 = _mm256_loadu_ps(dxa + (size_t)kb * 8), ds0 = _mm256_loadu_ps(dxsa + (size_t)kb * 8);
+        const __m256 d1 = _mm256_loadu_ps(dxb + (size_t)kb * 8), ds1 = _mm256_loadu_ps(dxsb + (size_t)kb * 8);
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            const __m256 ac = _mm256_set1_ps(a[c]), oc = _mm256_set1_ps(o[c]);
+            i16_scale(acc[c][0], d0, ds0, ac, oc, out + c * 16);
+            if (two_tiles) i16_scale(acc[c][1], d1, ds1, ac, oc, out + c * 16 + 8);
         }
+    }
+}
+
+/* a strip's 16 columns of two 8-row tiles, 4 columns a pass (8 chains), or of one tile, 8 a pass */
+static void i16_tiles_strip(const int16_t *u, const float *s0, const float *s1, const int16_t *xa, const int16_t *xb,
+                            const float *dxa, const float *dxsa, const float *dxb, const float *dxsb, int NB,
+                            float *ctile, int two_tiles) {
+    if (two_tiles) {
+        for (int c0 = 0; c0 < 16; c0 += 4)
+            i16_tile(u, s0, s1, xa, xb, dxa, dxsa, dxb, dxsb, NB, c0, 4, ctile + c0 * 16, 1);
+    } else {
+        for (int c0 = 0; c0 < 16; c0 += 8)
+            i16_tile(u, s0, s1, xa, xa, dxa, dxsa, dxa, dxsa, NB, c0, 8, ctile + c0 * 16, 0);
     }
 }
 
@@ -122,19 +145,12 @@ static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbu
     team_span(t, N / 16, &a0, &a1);
     for (int s = a0; s < a1; s++) {
         const int n0 = s * 16;
-        i8_strip_any(w, n0, u, s0, s1);
-        i16_widen_strip(u, NB);
+        strip_any(w, n0, (int16_t *)u, s0, s1);
         for (int mt = 0; mt < MT; mt += 2) {
             const int two_tiles = mt + 1 < MT, rows = M - mt * 8 < 16 ? M - mt * 8 : 16;
             const float *da = dx + (size_t)mt * NB * 8, *dsa = dxs + (size_t)mt * NB * 8;
-            for (int c0 = 0; c0 < 16; c0 += 4) {
-                if (two_tiles)
-                    i16_tile4((const int16_t *)u, s0, s1, xq + mt * tb, xq + (mt + 1) * tb, da, dsa, da + (size_t)NB * 8,
-                              dsa + (size_t)NB * 8, NB, c0, ctile + c0 * 16, 1);
-                else
-                    i16_tile4((const int16_t *)u, s0, s1, xq + mt * tb, xq + mt * tb, da, dsa, da, dsa, NB, c0,
-                              ctile + c0 * 16, 0);
-            }
+            i16_tiles_strip((const int16_t *)u, s0, s1, xq + mt * tb, xq + (mt + two_tiles) * tb, da, dsa,
+                            da + (size_t)two_tiles * NB * 8, dsa + (size_t)two_tiles * NB * 8, NB, ctile, two_tiles);
             i16_store_tile(ctile, y + (size_t)mt * 8 * ldy + n0, ldy, rows, acc);
         }
     }

@@ -17,8 +17,7 @@
  * scales s0, s1 [K/32][16]; x to tiles of 16 rows, [16-row tile][K/32][8 groups of 4 k][16 rows][4]
  * int8 with dx and dx * sum(qx) [16-row tile][K/32][16]. A 16-row tile times 8 columns keeps 8
  * int32 and 8 fp32 accumulators (lanes = rows), each weight dword broadcast from the strip.
- * (The avx2 build's batched steps take int16 activations instead: sk_int16.h, which reads the
- * strips below.)
+ * (The avx2 build's batched steps take int16 activations and int16 strips instead: sk_int16.h.)
  * Included by sk_kernels.c only, where SK_VNNI (or SK_I16, for the strips) is set. */
 #ifndef SK_INT8_H
 #define SK_INT8_H
@@ -27,7 +26,7 @@ INLINE int i8_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt =
 
 #define SK_I8_TWO 32 /* the i8_mask bit: activations as two int8 terms */
 
-#if SK_VNNI /* the activations' int8 packing (the strips below also feed sk_int16.h) */
+#if SK_VNNI /* the activations' int8 packing */
 /* one int8 term of the 32 values v into tile[g * 16] (g = 0..7: dword g holds values 4g..4g+3), its
  * scale and scale * sum; v <- what this term leaves (v - d * q), for a second term. The few-row
  * path's quantizer (sk_gemv.h: amax_n, quant32) does the arithmetic; this only lays it out. */
@@ -80,41 +79,59 @@ static void i8_pack_x_team(const float *x, int ldx, int M, int K, uint8_t *xq, f
 
 #endif
 
-/* 16 columns from n0 -> u8 [K/32][16][32], s0 / s1 [K/32][16] */
-INLINE void i8_strip(int fmt, const sk_w *w, int n0, uint8_t *u, float *s0, float *s1) {
+/* 16 columns from n0 -> [K/32][16][32] values with s0 / s1 [K/32][16]: u8 for the int8 kernels
+ * below (Q8_0 as q + 128), int16 for sk_int16.h's in the avx2 build (Q8_0 as its signed q, s1 = 0;
+ * written in the same pass: widening a u8 strip afterwards was a second pass over it) */
+#if SK_I16
+typedef int16_t strip_t;
+#else
+typedef uint8_t strip_t;
+#endif
+INLINE void strip_cols(int fmt, const sk_w *wp, int n0, strip_t *u, float *s0, float *s1) {
+    const sk_w lw = *wp, *w = &lw; /* a local copy: the scale stores below cannot alias it */
     const int NB = w->k / 32;
-    const __m128i m4 = _mm_set1_epi8(0x0F), flip = _mm_set1_epi8((char)0x80);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
     for (int c = 0; c < 16; c++) {
         prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
         size_t b = (size_t)(n0 + c) * NB;
         for (int kb = 0; kb < NB; kb++, b++) {
-            uint8_t *dst = u + ((size_t)kb * 16 + c) * 32;
+            strip_t *dst = u + ((size_t)kb * 16 + c) * 32;
+            __m128i v0, v1; /* values 0..15, 16..31 */
             float a, o;
             if (fmt == SK_Q8_0) {
                 const __m128i *q = (const __m128i *)(w->qs + 32 * b);
-                _mm_storeu_si128((__m128i *)dst, _mm_xor_si128(_mm_loadu_si128(q), flip));
-                _mm_storeu_si128((__m128i *)(dst + 16), _mm_xor_si128(_mm_loadu_si128(q + 1), flip));
+                v0 = _mm_loadu_si128(q);
+                v1 = _mm_loadu_si128(q + 1);
                 a = w->sc[b];
-                o = -128.0f * a;
+                o = SK_I16 ? 0.0f : -128.0f * a;
             } else {
                 const __m128i q = _mm_loadu_si128((const __m128i *)(w->qs + 16 * b));
-                _mm_storeu_si128((__m128i *)dst, _mm_and_si128(q, m4));
-                _mm_storeu_si128((__m128i *)(dst + 16), _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+                v0 = _mm_and_si128(q, m4);
+                v1 = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
                 q4_scales(fmt, w, b, &a, &o);
                 if (fmt == SK_Q4_0) o = -8.0f * a;
             }
+#if SK_I16
+            const int sgn = fmt == SK_Q8_0;
+            _mm256_storeu_si256((__m256i *)dst, sgn ? _mm256_cvtepi8_epi16(v0) : _mm256_cvtepu8_epi16(v0));
+            _mm256_storeu_si256((__m256i *)(dst + 16), sgn ? _mm256_cvtepi8_epi16(v1) : _mm256_cvtepu8_epi16(v1));
+#else
+            const __m128i flip = _mm_set1_epi8(fmt == SK_Q8_0 ? (char)0x80 : 0);
+            _mm_storeu_si128((__m128i *)dst, _mm_xor_si128(v0, flip));
+            _mm_storeu_si128((__m128i *)(dst + 16), _mm_xor_si128(v1, flip));
+#endif
             s0[(size_t)kb * 16 + c] = a;
             s1[(size_t)kb * 16 + c] = o;
         }
     }
 }
 
-static void i8_strip_any(const sk_w *w, int n0, uint8_t *u, float *s0, float *s1) {
+static void strip_any(const sk_w *w, int n0, strip_t *u, float *s0, float *s1) {
     switch (w->fmt) {
-    case SK_Q4_1: i8_strip(SK_Q4_1, w, n0, u, s0, s1); break;
-    case SK_Q4_0: i8_strip(SK_Q4_0, w, n0, u, s0, s1); break;
-    case SK_Q4_K: i8_strip(SK_Q4_K, w, n0, u, s0, s1); break;
-    default: i8_strip(SK_Q8_0, w, n0, u, s0, s1); break;
+    case SK_Q4_1: strip_cols(SK_Q4_1, w, n0, u, s0, s1); break;
+    case SK_Q4_0: strip_cols(SK_Q4_0, w, n0, u, s0, s1); break;
+    case SK_Q4_K: strip_cols(SK_Q4_K, w, n0, u, s0, s1); break;
+    default: strip_cols(SK_Q8_0, w, n0, u, s0, s1); break;
     }
 }
 
@@ -181,7 +198,7 @@ static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf
     team_span(t, N / 16, &a0, &a1);
     for (int s = a0; s < a1; s++) {
         const int n0 = s * 16;
-        i8_strip_any(w, n0, u, s0, s1);
+        strip_any(w, n0, u, s0, s1);
         for (int mt = 0; mt < MT; mt++) {
             const size_t ti = (size_t)mt * NB;
             const int rows = M - mt * 16 < 16 ? M - mt * 16 : 16;
