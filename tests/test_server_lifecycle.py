@@ -17,7 +17,7 @@ import websockets
 
 from streamkit.client import StreamClient
 from streamkit.server.limits import Limits
-from streamkit.server.testing import running_server, tone, write_pipelines
+from streamkit.server.testing import running_server, slow_flush_pipeline, tone, write_pipelines
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,8 +131,7 @@ async def test_a_stalled_flush_ends_with_flush_timeout(pipelines):
 async def test_a_shutdown_bounds_a_flush_the_client_started(pipelines):
     """A server shutdown during a client's stop ends that flush after `shutdown_timeout` s even
     though the pipeline is still making progress (the process is about to be killed)."""
-    (pipelines / "slow_flush.yaml").write_text(
-        (pipelines / "slow_flush.yaml").read_text().replace("pieces: 8", "pieces: 40"))
+    (pipelines / "slow_flush.yaml").write_text(slow_flush_pipeline("slow_flush", pieces=40, gap_s=0.4))
     limits = Limits(shutdown_timeout=1.0, flush_stall_timeout=30.0)
     async with running_server(pipelines, limits=limits) as server:
         c = StreamClient(server.url)

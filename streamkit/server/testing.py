@@ -93,7 +93,8 @@ output: [meter, gain]
 }
 
 
-def _slow_flush_pipeline(name: str, pieces: int, gap_s: float) -> str:
+def slow_flush_pipeline(name: str, pieces: int, gap_s: float) -> str:
+    """The YAML of a pipeline whose one stage flushes `pieces` results `gap_s` s apart."""
     return f"""
 name: {name}
 input: {{audio: {{sample_rate: 16000}}}}
@@ -103,8 +104,8 @@ output: [slow]
 """
 
 
-PIPELINES["slow_flush"] = _slow_flush_pipeline("slow_flush", pieces=8, gap_s=0.4)  # progress all the way
-PIPELINES["stalled_flush"] = _slow_flush_pipeline("stalled_flush", pieces=1, gap_s=4.0)  # silence
+PIPELINES["slow_flush"] = slow_flush_pipeline("slow_flush", pieces=8, gap_s=0.4)  # progress all the way
+PIPELINES["stalled_flush"] = slow_flush_pipeline("stalled_flush", pieces=1, gap_s=4.0)  # silence
 
 
 def write_pipelines(directory: str | Path, names: list[str] | None = None) -> Path:
