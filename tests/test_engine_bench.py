@@ -55,8 +55,24 @@ def test_bench_step_times_both_paths_at_each_row_count(capsys):
         few, fp32 = result[f"rows{m}_few_row_int8_ms"], result[f"rows{m}_fp32_ms"]
         assert few > 0 and fp32 > 0
         assert result[f"rows{m}_speedup"] == round(fp32 / few, 3)
+        assert result[f"rows{m}_logit_rows"] == m  # a decode step: logits on every row
     with pytest.raises(SystemExit):
         step_main(["--rows", "0"])
+
+
+def test_bench_step_last_logits_skips_the_head_on_all_but_one_row(capsys):
+    """--last-logits times a prefill-shaped step: the LM head runs on one row, not on each, so a
+    24-row step reads SmolLM2's 49,152 x 576 head once instead of 24 times; its time is reported
+    under the same keys, with the rows of logits the step returned."""
+    from streamkit.bench.step import main as step_main
+    from streamkit.engine import native
+
+    if native.resolve_isa() is None:
+        pytest.skip(f"no native kernels here: {native.error()}")
+    assert step_main(["--json", "--rows", "24", "--steps", "2", "--context", "40", "--last-logits"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["logit_rows"] == "last" and result["rows24_logit_rows"] == 1
+    assert result["rows24_few_row_int8_ms"] > 0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is None, reason="xllamacpp (the bench extra) not installed")

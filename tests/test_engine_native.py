@@ -367,6 +367,15 @@ def test_int8_terms_setting(monkeypatch, env, terms):
     assert native.int8_terms() == terms
 
 
+@pytest.mark.parametrize("env, words", [("", "two terms an operand"), ("1", "one bf16 product")])
+def test_amx_description_names_its_products(monkeypatch, env, words):
+    """The line logs and benches print says how many bf16 products the AMX tiles take."""
+    if native.error("amx"):
+        pytest.skip(f"no amx path here: {native.error('amx')}")
+    monkeypatch.setenv("STREAMKIT_NATIVE_INT8", env)
+    assert f"AMX bf16 tiles, {words}" in native.describe("amx")
+
+
 def test_bad_int8_setting_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("STREAMKIT_NATIVE_INT8", "yes")
     with pytest.raises(ValueError, match="STREAMKIT_NATIVE_INT8='yes'"):

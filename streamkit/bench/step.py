@@ -3,9 +3,10 @@ few-row int8 kernels (`sk_gemv.h`) against the fp32 path they replace, timed alt
 same run so both see the same machine. It answers "up to how many rows does the int8 path win on
 this CPU" (`SK_GEMV_MAX_ROWS`, `SK_GEMV_BLOCK_ROWS`) and times speculative verify chunks
 (k + 1 rows) without a whole engine around them. Row counts past those limits take the same
-kernels either way (speedup ~1).
+kernels either way (speedup ~1). With --last-logits only the last row's logits are computed, as
+in a prefill step, so the time is the layers' batched matmuls without the LM head on every row.
 
-    streamkit bench step --model qwen2.5-coder-1.5b --rows 1,2,3,4,5 [--isa avx2] [--json]
+    streamkit bench step --model qwen2.5-coder-1.5b --rows 1,2,3,4,5 [--isa avx2] [--last-logits] [--json]
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=30, help="timed steps per row count and path")
     ap.add_argument("--isa", default=None,
                     help="auto, amx, avx512, avx2, or a path as a CPU without some flags builds it ('avx2 without avx_vnni')")
+    ap.add_argument("--last-logits", action="store_true",
+                    help="logits of the last row only (a prefill step's shape), not of every row")
     ap.add_argument("--json", action="store_true", help="last stdout line is one JSON object")
     a = ap.parse_args(argv)
     rows = sorted({int(r) for r in a.rows.split(",") if r.strip()})
@@ -74,17 +77,21 @@ def main(argv: list[str]) -> int:
     model.reuse_logits = True
     masks = {"few_row_int8": model.int8_mask | INT8_GEMV, "fp32": model.int8_mask & ~INT8_GEMV}
     result: dict = {"model": path.rsplit("/", 1)[-1], "cpu": cpu_name(), "native_path": native.describe(model.isa),
-                    "threads": torch.get_num_threads(), "context": a.context, "steps": a.steps}
+                    "threads": torch.get_num_threads(), "context": a.context, "steps": a.steps,
+                    "logit_rows": "last" if a.last_logits else "all"}
     for m in rows:
         batch = _decode_batch(m, a.context, block_size, per_seq)
+        if a.last_logits:
+            batch.logit_rows = torch.tensor([m - 1])
         times: dict[str, list[float]] = {k: [] for k in masks}
         for i in range(a.steps + 3):  # the first 3 of each warm up
             for name, mask in masks.items():  # alternate, so both paths see the same machine
                 model.int8_mask = mask
                 t0 = time.perf_counter()
-                model.forward(batch)
+                logits = model.forward(batch)
                 if i >= 3:
                     times[name].append(time.perf_counter() - t0)
+        result[f"rows{m}_logit_rows"] = int(logits.shape[0])
         few, fp32 = (round(1000 * statistics.median(times[k]), 3) for k in ("few_row_int8", "fp32"))
         result[f"rows{m}_few_row_int8_ms"] = few
         result[f"rows{m}_fp32_ms"] = fp32

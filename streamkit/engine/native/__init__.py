@@ -299,9 +299,10 @@ def describe(isa: str | None = None) -> str:
     if name is None or name not in _caps:
         return f"none ({error(isa)})"
     c = _caps[name]
-    batched = ("AMX bf16 tiles, two terms an operand" if c & CAP_AMX else "vdpbf16ps bf16 dot products" if c & CAP_BF16
-               else "fp32 FMAs over strips dequantized once per step")
     terms = int8_terms()
+    amx_terms = "one bf16 product" if terms == 1 else "two terms an operand"
+    batched = (f"AMX bf16 tiles, {amx_terms}" if c & CAP_AMX else "vdpbf16ps bf16 dot products" if c & CAP_BF16
+               else "fp32 FMAs over strips dequantized once per step")
     if c & CAP_INT8 and terms:
         batched = f"int8 VNNI, {'one' if terms == 1 else 'two'}-term activations (else {batched})"
     elif c & CAP_INT16 and terms:
