@@ -59,12 +59,12 @@ def _bf16(isa: str) -> float:
 
 
 def _matmul(w, x: torch.Tensor, bf16_min_rows: int, y: torch.Tensor | None = None, isa: str | None = None,
-            int8_min_rows: int = 0, int8_mask: int = 0):
+            int8_min_rows: int = 0, int8_mask: int = 0, threads: int = 2):
     """y (+)= x . W^T on path `isa`: accumulates into y when one is given."""
     acc = y is not None
     y = y.clone() if acc else torch.empty(x.shape[0], w.n)
     rc = native.load(isa).sk_matmul(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, x.shape[0], native.ptr(x),
-                                    native.ptr(y), int(acc), bf16_min_rows, int8_min_rows, int8_mask, 2)
+                                    native.ptr(y), int(acc), bf16_min_rows, int8_min_rows, int8_mask, threads)
     assert rc == 0
     return y
 
@@ -209,6 +209,27 @@ def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
     assert (1e-3 < err < 2e-2) if terms == 1 and caps & native.CAP_INT8 else (1e-7 < err < 2e-4), err
     under = _matmul(w, x, 0, y=y0, isa=isa, int8_min_rows=rows + 1, int8_mask=mask)
     assert torch.equal(under, below)  # under its threshold
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows", [1, 17])
+def test_matmul_shares_taken_on_demand_cover_every_column_once(kind, rows, isa):
+    """The kernels hand their columns out on demand (sk_pool.h's share_next: each thread's share from
+    the front, the others' from the back once it is done). With more threads than CPUs, so that
+    threads are descheduled mid-share and others take over, y += x . W^T is bit for bit what one
+    thread computes: no column skipped, none added twice. 1 row runs the few-row kernel, 17 rows
+    the batched int8 / int16 one and the bf16 one; 208 columns are 13 strips of 16: uneven shares."""
+    rng = np.random.default_rng(KINDS.index(kind) + 29)
+    w = _weight(kind, 208, 512, rng)
+    x = torch.from_numpy(rng.standard_normal((rows, 512)).astype(np.float32))
+    y0 = torch.from_numpy(rng.standard_normal((rows, 208)).astype(np.float32))
+    for bf16_rows, int8_rows in ((0, 4), (8, 0)):
+        runs = {threads: [_matmul(w, x, bf16_rows, y=y0, isa=isa, int8_min_rows=int8_rows,
+                                  int8_mask=INT8_TWO_TERMS | 31 | INT8_GEMV, threads=threads) for _ in range(2)]
+                for threads in (1, 3, 7)}
+        alone = runs[1][0]
+        for threads in (3, 7):
+            assert all(torch.equal(y, alone) for y in runs[threads]), (threads, bf16_rows, int8_rows)
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q4_1", "Q4_0", "Q8_0"])

@@ -154,13 +154,13 @@ INLINE void dp_tile(const uint16_t *a, const uint32_t *bt, int NB, __m512 r[16])
 static void mm_dpbf16_team(const sk_w *w, int M, const float *x, int ldx, uint32_t *xb, float *y, int ldy, int acc,
                            sk_team *t) {
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
+    share_begin(t, N / 16);
     pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, NULL, t);
     team_barrier(t);
     uint16_t *buf = strip_buffer((size_t)16 * K * 2);
     int s0, s1;
-    team_span(t, N / 16, &s0, &s1);
-    for (int s = s0; s < s1; s++) {
-        const int n0 = s * 16;
+    while (share_next(t, 1, 1, &s0, &s1)) {
+        const int n0 = s0 * 16;
         dq_strip_any(w, n0, buf, 1, NULL);
         for (int mt = 0; mt < MT; mt++) {
             __m512 r[16];
@@ -201,15 +201,15 @@ static void mm_amx_team(const sk_w *w, int M, const float *x, int ldx, uint32_t 
                         int two, sk_team *t) {
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
     uint32_t *xl = two ? xb + (size_t)MT * NB * 256 : NULL;
+    share_begin(t, (N + 31) / 32);
     pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, xl, t);
     team_barrier(t);
     uint16_t *buf = strip_buffer((size_t)(two ? 64 : 32) * K * 2); /* wh of both column tiles, then wl */
     uint16_t *wl = two ? buf + (size_t)32 * K : NULL;
     float ctile[2][16 * 16] __attribute__((aligned(64)));
     int s0, s1;
-    team_span(t, (N + 31) / 32, &s0, &s1);
-    for (int s = s0; s < s1; s++) {
-        const int n0 = s * 32, pair = n0 + 16 < N;
+    while (share_next(t, 1, 1, &s0, &s1)) {
+        const int n0 = s0 * 32, pair = n0 + 16 < N;
         dq_strip_any(w, n0, buf, 0, wl);
         if (pair) dq_strip_any(w, n0 + 16, buf + (size_t)16 * K, 0, two ? wl + (size_t)16 * K : NULL);
         for (int mt = 0; mt < MT; mt++) {

@@ -52,6 +52,12 @@
  * keep the per-column prefetch. (Past a weight's end the addresses are only hints: prefetcht0 never
  * faults.) */
 #define SK_GEMV_AHEAD 2048
+/* columns a thread takes at a time from its own share (sk_pool.h's share_next), and from another's
+ * once its own is done: each range costs an atomic add and, for K-quants of a large K, a pass over
+ * x's chunks of its own; the smaller steals even out a matrix of few columns (SmolLM2's down
+ * projection: 576) */
+#define SK_GEMV_SHARE 64
+#define SK_GEMV_STEAL 16
 #ifdef __AVX512F__
 #define SK_GEMV_G 4
 #else
@@ -692,23 +698,26 @@ static inline void pf(const sk_w *w, int c) {
 static void mm_gemv_team(const sk_w *w, int M, const float *x, int ldx, uint8_t *xb, float *y, int ldy, int acc,
                          int two, sk_team *t) {
     const int blocks = gemv_block_format(w->fmt), mr = M;
+    share_begin(t, (w->n + SK_GEMV_STEAL - 1) / SK_GEMV_STEAL);
     if (blocks)
         gemv_pack_blocks_team(x, ldx, M, w->k, w->fmt != SK_Q8_0, xb, t);
     else
         gemv_pack_x_team(x, ldx, M, w->k, xb, t);
     team_barrier(t);
-    int c0, c1;
-    team_span(t, w->n, &c0, &c1);
     const uint8_t *xr = xb;
     float *yr = y;
-    switch (w->fmt) {
-    case SK_Q4_K: GEMV_ROWS(SK_Q4_K); break;
-    case SK_Q6_K: GEMV_ROWS(SK_Q6_K); break;
+    int g0, g1;
+    while (share_next(t, SK_GEMV_SHARE / SK_GEMV_STEAL, 1, &g0, &g1)) {
+        const int c0 = g0 * SK_GEMV_STEAL, c1 = g1 * SK_GEMV_STEAL < w->n ? g1 * SK_GEMV_STEAL : w->n;
+        switch (w->fmt) {
+        case SK_Q4_K: GEMV_ROWS(SK_Q4_K); break;
+        case SK_Q6_K: GEMV_ROWS(SK_Q6_K); break;
 #define COL gemv_block_col
-    case SK_Q4_1: GEMV_BLOCK_ROWS(SK_Q4_1); break;
-    case SK_Q4_0: GEMV_BLOCK_ROWS(SK_Q4_0); break;
-    default: GEMV_BLOCK_ROWS(SK_Q8_0); break;
+        case SK_Q4_1: GEMV_BLOCK_ROWS(SK_Q4_1); break;
+        case SK_Q4_0: GEMV_BLOCK_ROWS(SK_Q4_0); break;
+        default: GEMV_BLOCK_ROWS(SK_Q8_0); break;
 #undef COL
+        }
     }
 }
 

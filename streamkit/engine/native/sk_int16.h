@@ -135,6 +135,7 @@ static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbu
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 7) / 8;
     int16_t *xq = xbuf;
     float *dx = (float *)((uint8_t *)xbuf + (size_t)MT * NB * I16_TILE_BYTES), *dxs = dx + (size_t)MT * NB * 8;
+    share_begin(t, N / 16);
     i16_pack_x_team(x, ldx, M, K, xq, dx, dxs, t);
     team_barrier(t);
     uint8_t *u = strip_buffer((size_t)16 * K * 2 + 2 * (size_t)16 * NB * 4);
@@ -142,9 +143,8 @@ static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbu
     float ctile[16 * 16] __attribute__((aligned(64)));
     const size_t tb = (size_t)NB * (I16_TILE_BYTES / 2); /* int16 per 8-row tile */
     int a0, a1;
-    team_span(t, N / 16, &a0, &a1);
-    for (int s = a0; s < a1; s++) {
-        const int n0 = s * 16;
+    while (share_next(t, 1, 1, &a0, &a1)) {
+        const int n0 = a0 * 16;
         strip_any(w, n0, (int16_t *)u, s0, s1);
         for (int mt = 0; mt < MT; mt += 2) {
             const int two_tiles = mt + 1 < MT, rows = M - mt * 8 < 16 ? M - mt * 8 : 16;

@@ -189,15 +189,15 @@ static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf
     const size_t t2 = (size_t)MT * NB * 512, s2 = (size_t)2 * MT * NB * 16;
     uint8_t *xq = xbuf;
     float *dx = (float *)(xq + (two ? 2 : 1) * t2), *dxs = dx + (size_t)MT * NB * 16;
+    share_begin(t, N / 16);
     i8_pack_x_team(x, ldx, M, K, xq, dx, dxs, two, t);
     team_barrier(t);
     uint8_t *u = strip_buffer((size_t)16 * K + 2 * (size_t)16 * NB * 4);
     float *s0 = (float *)(u + (size_t)16 * K), *s1 = s0 + (size_t)16 * NB;
     float ctile[16 * 16] __attribute__((aligned(64)));
     int a0, a1;
-    team_span(t, N / 16, &a0, &a1);
-    for (int s = a0; s < a1; s++) {
-        const int n0 = s * 16;
+    while (share_next(t, 1, 1, &a0, &a1)) {
+        const int n0 = a0 * 16;
         strip_any(w, n0, u, s0, s1);
         for (int mt = 0; mt < MT; mt++) {
             const size_t ti = (size_t)mt * NB;

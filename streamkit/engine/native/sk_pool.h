@@ -163,4 +163,63 @@ static inline void team_span(const sk_team *t, int n, int *a, int *b) {
     *b = (int)((long)n * (t->tid + 1) / t->nt);
 }
 
+/* Items [0, n) of a phase (a matmul's columns or strips) handed out in chunks: each thread works
+ * through its team_span share from the front and then takes chunks from the back of the others'.
+ * A thread slowed by the host (the hypervisor, the process's Python threads) no longer holds the
+ * other at the phase's barrier: with halves fixed in advance the waits at the matmuls' barriers
+ * were about 8 % of a step, at batch 1 and at 16 rows, on 2 cores (Intel Xeon, rdtsc per barrier
+ * site; docs/engine.md, *Matmul shares taken on demand*). Each share moves through memory in
+ * order, so the weight streams stay sequential (one counter for the whole phase interleaved them).
+ * A share is lo | hi << 32 in one word: the owner takes from lo by fetch-add, thieves from hi by
+ * compare-and-swap, so the two can never take the same item. */
+static struct {
+    _Alignas(64) _Atomic uint64_t range;
+} g_share[SK_MAX_THREADS];
+/* a team of one (pool_run's solo path, which takes no lock) keeps its share to its thread */
+static _Thread_local _Atomic uint64_t t_solo_share;
+
+static inline _Atomic uint64_t *share_of(const sk_team *t, int tid) {
+    return t->nt > 1 ? &g_share[tid].range : &t_solo_share;
+}
+
+/* publish this thread's share of n items; a barrier must follow before any share_next */
+static inline void share_begin(const sk_team *t, int n) {
+    int a, b;
+    team_span(t, n, &a, &b);
+    atomic_store_explicit(share_of(t, t->tid), (uint64_t)(uint32_t)a | (uint64_t)(uint32_t)b << 32,
+                          memory_order_relaxed);
+}
+
+/* the next items [*a, *b) for this thread, at most `chunk` from its own share, else at most `steal`
+ * from another's; 0 once none is left anywhere */
+static inline int share_next(const sk_team *t, int chunk, int steal, int *a, int *b) {
+    _Atomic uint64_t *own = share_of(t, t->tid);
+    uint64_t r = atomic_load_explicit(own, memory_order_relaxed);
+    if ((uint32_t)r < (uint32_t)(r >> 32)) {
+        r = atomic_fetch_add_explicit(own, (uint64_t)chunk, memory_order_relaxed);
+        const int lo = (int)(uint32_t)r, hi = (int)(r >> 32);
+        if (lo < hi) { /* lo may now pass hi, by less than a chunk: the share reads as empty */
+            *a = lo;
+            *b = lo + chunk < hi ? lo + chunk : hi;
+            return 1;
+        }
+    }
+    for (int i = 1; i < t->nt; i++) {
+        _Atomic uint64_t *v = share_of(t, (t->tid + i) % t->nt);
+        uint64_t cur = atomic_load_explicit(v, memory_order_relaxed);
+        for (;;) {
+            const int lo = (int)(uint32_t)cur, hi = (int)(cur >> 32);
+            if (lo >= hi) break;
+            const int nh = hi - steal > lo ? hi - steal : lo;
+            const uint64_t next = (uint64_t)(uint32_t)lo | (uint64_t)(uint32_t)nh << 32;
+            if (atomic_compare_exchange_weak_explicit(v, &cur, next, memory_order_relaxed, memory_order_relaxed)) {
+                *a = nh;
+                *b = hi;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 #endif
