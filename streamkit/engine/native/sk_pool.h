@@ -182,12 +182,13 @@ static inline _Atomic uint64_t *share_of(const sk_team *t, int tid) {
     return t->nt > 1 ? &g_share[tid].range : &t_solo_share;
 }
 
+static inline uint64_t share_word(int lo, int hi) { return (uint64_t)(uint32_t)lo | (uint64_t)(uint32_t)hi << 32; }
+
 /* publish this thread's share of n items; a barrier must follow before any share_next */
 static inline void share_begin(const sk_team *t, int n) {
     int a, b;
     team_span(t, n, &a, &b);
-    atomic_store_explicit(share_of(t, t->tid), (uint64_t)(uint32_t)a | (uint64_t)(uint32_t)b << 32,
-                          memory_order_relaxed);
+    atomic_store_explicit(share_of(t, t->tid), share_word(a, b), memory_order_relaxed);
 }
 
 /* the next items [*a, *b) for this thread, at most `chunk` from its own share, else at most `steal`
@@ -211,8 +212,8 @@ static inline int share_next(const sk_team *t, int chunk, int steal, int *a, int
             const int lo = (int)(uint32_t)cur, hi = (int)(cur >> 32);
             if (lo >= hi) break;
             const int nh = hi - steal > lo ? hi - steal : lo;
-            const uint64_t next = (uint64_t)(uint32_t)lo | (uint64_t)(uint32_t)nh << 32;
-            if (atomic_compare_exchange_weak_explicit(v, &cur, next, memory_order_relaxed, memory_order_relaxed)) {
+            if (atomic_compare_exchange_weak_explicit(v, &cur, share_word(lo, nh), memory_order_relaxed,
+                                                      memory_order_relaxed)) {
                 *a = nh;
                 *b = hi;
                 return 1;
