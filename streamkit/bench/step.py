@@ -5,8 +5,11 @@ this CPU" (`SK_GEMV_MAX_ROWS`, `SK_GEMV_BLOCK_ROWS`) and times speculative verif
 (k + 1 rows) without a whole engine around them. Row counts past those limits take the same
 kernels either way (speedup ~1). With --last-logits only the last row's logits are computed, as
 in a prefill step, so the time is the layers' batched matmuls without the LM head on every row.
+With --argmax it times, the same way, a greedy step that asks for each row's argmax alone (the
+greedy head of `sk_greedy.h`, from 8 rows on a Q8_0 head) against every logit and numpy's argmax.
 
     streamkit bench step --model qwen2.5-coder-1.5b --rows 1,2,3,4,5 [--isa avx2] [--last-logits] [--json]
+    streamkit bench step --rows 8,16,32 --argmax
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ def main(argv: list[str]) -> int:
                     help="auto, amx, avx512, avx2, or a path as a CPU without some flags builds it ('avx2 without avx_vnni')")
     ap.add_argument("--last-logits", action="store_true",
                     help="logits of the last row only (a prefill step's shape), not of every row")
+    ap.add_argument("--argmax", action="store_true",
+                    help="time argmax-only steps (forward_argmax) against every logit + argmax, not the two paths")
     ap.add_argument("--json", action="store_true", help="last stdout line is one JSON object")
     a = ap.parse_args(argv)
     rows = sorted({int(r) for r in a.rows.split(",") if r.strip()})
@@ -75,28 +80,35 @@ def main(argv: list[str]) -> int:
                          model.kv_dtype, "cpu")
     model.kv_cache = cache
     model.reuse_logits = True
-    masks = {"few_row_int8": model.int8_mask | INT8_GEMV, "fp32": model.int8_mask & ~INT8_GEMV}
+    default_mask = model.int8_mask
+    if a.argmax:  # name -> (int8 mask, step): both on the default kernels
+        variants = {"argmax": (default_mask, model.forward_argmax),
+                    "logits_argmax": (default_mask, lambda b: model.forward(b).numpy().argmax(-1))}
+    else:
+        variants = {"few_row_int8": (default_mask | INT8_GEMV, model.forward),
+                    "fp32": (default_mask & ~INT8_GEMV, model.forward)}
     result: dict = {"model": path.rsplit("/", 1)[-1], "cpu": cpu_name(), "native_path": native.describe(model.isa),
                     "threads": torch.get_num_threads(), "context": a.context, "steps": a.steps,
                     "logit_rows": "last" if a.last_logits else "all"}
+    new_name, old_name = variants
     for m in rows:
         batch = _decode_batch(m, a.context, block_size, per_seq)
         if a.last_logits:
             batch.logit_rows = torch.tensor([m - 1])
-        times: dict[str, list[float]] = {k: [] for k in masks}
+        times: dict[str, list[float]] = {k: [] for k in variants}
         for i in range(a.steps + 3):  # the first 3 of each warm up
-            for name, mask in masks.items():  # alternate, so both paths see the same machine
+            for name, (mask, step) in variants.items():  # alternate, so both see the same machine
                 model.int8_mask = mask
                 t0 = time.perf_counter()
-                logits = model.forward(batch)
+                out = step(batch)
                 if i >= 3:
                     times[name].append(time.perf_counter() - t0)
-        result[f"rows{m}_logit_rows"] = int(logits.shape[0])
-        few, fp32 = (round(1000 * statistics.median(times[k]), 3) for k in ("few_row_int8", "fp32"))
-        result[f"rows{m}_few_row_int8_ms"] = few
-        result[f"rows{m}_fp32_ms"] = fp32
-        result[f"rows{m}_speedup"] = round(fp32 / few, 3)
-        log(f"{m} rows: few-row int8 {few} ms, fp32 {fp32} ms (x{fp32 / few:.2f})")
-    model.int8_mask = masks["few_row_int8"]
+        result[f"rows{m}_logit_rows"] = len(out)
+        new, old = (round(1000 * statistics.median(times[k]), 3) for k in (new_name, old_name))
+        result[f"rows{m}_{new_name}_ms"] = new
+        result[f"rows{m}_{old_name}_ms"] = old
+        result[f"rows{m}_speedup"] = round(old / new, 3)
+        log(f"{m} rows: {new_name} {new} ms, {old_name} {old} ms (x{old / new:.2f})")
+    model.int8_mask = default_mask
     print_result(result, a.json)
     return 0

@@ -25,7 +25,7 @@ from streamkit.engine.native.model import MODES as NATIVE_MODES
 from streamkit.engine.native.model import NativeLlamaModel
 from streamkit.engine.options import resolve_options
 from streamkit.engine.output import OutputProcessor
-from streamkit.engine.sampling import make_generator, sample_batch
+from streamkit.engine.sampling import make_generator, plain_greedy, sample_batch
 from streamkit.engine.scheduler import Scheduler
 from streamkit.engine.sequence import Sequence, State
 from streamkit.engine.spec_policy import SpeculationPolicy
@@ -127,6 +127,8 @@ class EngineCore:
         # decode bursts (_burst_steps): the native model, no drafts to verify between steps
         self._bursts = isinstance(self.model, NativeLlamaModel) and not self.speculative and opts.decode_burst_ms > 0
         self._decode_step_s: float | None = None  # moving average of a decode step's seconds
+        # steps whose rows all decode greedily ask the native model for the argmax alone (forward_argmax)
+        self._argmax_steps = isinstance(self.model, NativeLlamaModel)
         self.burst_steps = 0  # decode steps run inside bursts of 2 or more
         self.load_seconds = time.perf_counter() - t0
         log.info("engine: ready on %s in %.1fs (weights %s, kv cache %d tokens = %.0f MB, block %d, cuda graphs %s)",
@@ -176,6 +178,7 @@ class EngineCore:
             "kv_blocks_free": self.cache.allocator.num_free,
             "kv_blocks_cached": self.cache.allocator.num_cached,
             "prefix_cache_hit_tokens": self.scheduler.prefix_hit_tokens,
+            "admissions_deferred": self.scheduler.deferred,
             "preemptions": self.scheduler.preemptions,
             "spec_proposed_tokens": self.output.spec_proposed,
             "spec_accepted_tokens": self.output.spec_accepted,
@@ -303,7 +306,7 @@ class EngineCore:
         n = int(self.options.decode_burst_ms / 1e3 / self._decode_step_s)
         for seq in self.scheduler.running:
             p = seq.params
-            if seq.n_uncomputed != 1 or not p.greedy or p.repetition_penalty != 1.0:
+            if seq.n_uncomputed != 1 or not plain_greedy(p):
                 return 1
             n = min(n, p.max_tokens - seq.n_generated, self.max_model_len - len(seq.tokens))
         return max(n, 1)
@@ -370,8 +373,11 @@ class EngineCore:
         new_prompts = self.spec_policy is not None and any(not seq.draft for seq, _ in prefill)
         if self._tuner is not None:
             self._tuner.before(int(b.ids.shape[0]))
+        argmax = None  # the tokens of a step whose every sampled row is plain greedy, where the model finds them
         if self.graphs is not None and not st.prefill and self.graphs.can_run(b.n_decode):
             logits = self.graphs.run(b.ids, b.positions, b.slots, b.block_tables, b.ctx_lens)
+        elif self._argmax_steps and sampled and all(not seq.draft and plain_greedy(seq.params) for seq, _ in sampled):
+            logits, argmax = None, self.model.forward_argmax(b)
         else:
             logits = self.model.forward(b)
         if self._tuner is not None:
@@ -399,9 +405,12 @@ class EngineCore:
         produced = 0
         if plain:
             idx = [r for _, r, _ in plain_rows]
-            rows_logits = logits if len(idx) == logits.shape[0] else logits[torch.tensor(idx, device=logits.device)]
-            toks = sample_batch(rows_logits, [s.params for s in plain], [s.tokens for s in plain],
-                                [s.generator for s in plain])
+            if argmax is not None:
+                toks = argmax
+            else:
+                rows_logits = logits if len(idx) == logits.shape[0] else logits[torch.tensor(idx, device=logits.device)]
+                toks = sample_batch(rows_logits, [s.params for s in plain], [s.tokens for s in plain],
+                                    [s.generator for s in plain])
             for seq, tok in zip(plain, toks):
                 if seq.state is State.RUNNING:
                     self.output.accept(seq, tok, now)

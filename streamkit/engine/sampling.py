@@ -50,6 +50,11 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, prev: list[int],
     return int(torch.multinomial(target_probs(logits, params, prev), 1, generator=generator))
 
 
+def plain_greedy(params: SamplingParams) -> bool:
+    """Whether a row's token is just the argmax of its logits (greedy, no repetition penalty)."""
+    return params.greedy and params.repetition_penalty == 1.0
+
+
 def _argmax_rows(logits: torch.Tensor) -> list[int]:
     """First index of each row's maximum. On the CPU numpy's single-threaded argmax is ~6x faster than
     torch's (0.09 vs 0.6 ms for 16 x 49152, measured), whose OpenMP threads contend with the engine's."""
@@ -62,7 +67,7 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams], prevs: list
                  generators: list) -> list[int]:
     """logits: [B, V]. Plain greedy rows are done in one argmax."""
     out = [0] * len(params)
-    plain = [i for i, p in enumerate(params) if p.greedy and p.repetition_penalty == 1.0]
+    plain = [i for i, p in enumerate(params) if plain_greedy(p)]
     if plain:
         if len(plain) == len(params):
             return _argmax_rows(logits)

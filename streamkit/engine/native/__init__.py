@@ -55,7 +55,7 @@ REQUIRES["amx"] = REQUIRES["avx512"] | {"avx512_bf16", "amx_tile", "amx_bf16"}
 # weight formats understood by the kernels (block layouts exactly as in GGUF files)
 FORMATS = {"F32": 0, "Q4_1": 1, "Q8_0": 2, "Q4_0": 3, "Q4_K": 4, "Q6_K": 5, "Q5_K": 6, "F16": 7, "BF16": 8}
 # sk_init's capability bits
-CAP_AMX, CAP_BF16, CAP_AVX512, CAP_INT8, CAP_INT16, CAP_AVXVNNI = 2, 4, 8, 16, 32, 64
+CAP_AMX, CAP_BF16, CAP_AVX512, CAP_INT8, CAP_INT16, CAP_AVXVNNI, CAP_GREEDY = 2, 4, 8, 16, 32, 64, 128
 
 _lock = threading.RLock()
 _libs: dict[str, ctypes.CDLL | None] = {}
@@ -151,8 +151,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_model_set_qkv_bias": ([P, I, P], None),
         "sk_model_set_kv": ([P, P, P, L, I, I], I),
         "sk_forward": ([P, I, P, P, P, P, P, I, I, P, P, I, I, I, I], I),
+        "sk_forward_argmax": ([P, I, P, P, P, P, P, I, I, P, P, P, I, I, I, I], I),
         "sk_decode_greedy": ([P, I, I, P, P, P, I, P, I, P, P, P, I, I, I, I], I),
         "sk_matmul": ([I, P, P, I, I, I, P, P, I, I, I, I, I], I),
+        "sk_greedy_head": ([I, P, P, I, I, I, P, P, I], I),
         "sk_dequant": ([I, P, P, I, I, P], None),
     }
     for name, (args, res) in sig.items():

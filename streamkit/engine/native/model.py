@@ -213,29 +213,52 @@ class NativeLlamaModel:
             tables[i, :len(r)] = r
         return tables, tok_seq
 
-    @torch.inference_mode()
-    def forward(self, b: StepBatch) -> torch.Tensor:
-        """float32 logits [S, V] for b.logit_rows (all rows when None)."""
-        T = b.ids.shape[0]
+    def _step_args(self, b: StepBatch) -> tuple:
+        """sk_forward's arguments for a step, up to its logits (kept alive by the tuple), and the
+        logit rows"""
         tables, tok_seq = self._tables(b)
+        T = b.ids.shape[0]
         ids = b.ids.numpy().astype(np.int32)
         pos = b.positions.numpy().astype(np.int32)
         slots = np.ascontiguousarray(b.slots.numpy(), dtype=np.int64)
         rows = (np.arange(T, dtype=np.int32) if b.logit_rows is None
                 else b.logit_rows.numpy().astype(np.int32))
-        shape = (len(rows), self.cfg.vocab_size)
-        if not self.reuse_logits:
-            logits = torch.empty(shape, dtype=torch.float32)
-        else:
-            if self._logits.shape[0] < shape[0]:
-                self._logits = torch.empty(shape, dtype=torch.float32)
-            logits = self._logits[:shape[0]]
         P = native.ptr
-        rc = self._lib.sk_forward(self._m, T, P(ids), P(pos), P(slots), P(tok_seq), P(tables), tables.shape[1],
-                                  len(rows), P(rows), P(logits), self.bf16_min_rows, self.int8_min_rows,
+        return (self._m, T, P(ids), P(pos), P(slots), P(tok_seq), P(tables), tables.shape[1], len(rows),
+                P(rows)), (ids, pos, slots, tok_seq, tables, rows)
+
+    def _logits_for(self, rows: int, reuse: bool) -> torch.Tensor:
+        shape = (rows, self.cfg.vocab_size)
+        if not reuse:
+            return torch.empty(shape, dtype=torch.float32)
+        if self._logits.shape[0] < rows:
+            self._logits = torch.empty(shape, dtype=torch.float32)
+        return self._logits[:rows]
+
+    @torch.inference_mode()
+    def forward(self, b: StepBatch) -> torch.Tensor:
+        """float32 logits [S, V] for b.logit_rows (all rows when None)."""
+        args, keep = self._step_args(b)
+        logits = self._logits_for(len(keep[-1]), self.reuse_logits)
+        rc = self._lib.sk_forward(*args, native.ptr(logits), self.bf16_min_rows, self.int8_min_rows,
                                   self.int8_mask, torch.get_num_threads())
         _raise_for(rc)
         return logits
+
+    @torch.inference_mode()
+    def forward_argmax(self, b: StepBatch) -> list[int]:
+        """The index of the largest logit of each of b.logit_rows (the first, on a tie), as greedy
+        decoding picks it, without every logit: from 8 rows on, on a Q8_0 head, the kernels find it
+        from a cheap approximation of the logits and its error bound, then compute the few logits
+        that bound cannot rule out exactly (sk_greedy.h)."""
+        args, keep = self._step_args(b)
+        rows = len(keep[-1])
+        tokens = np.empty(rows, np.int32)
+        rc = self._lib.sk_forward_argmax(*args, native.ptr(self._logits_for(rows, True)), native.ptr(tokens),
+                                         self.bf16_min_rows, self.int8_min_rows, self.int8_mask,
+                                         torch.get_num_threads())
+        _raise_for(rc)
+        return tokens.tolist()
 
     @torch.inference_mode()
     def decode_greedy(self, ids: list[int], positions: list[int], block_tables: list[list[int]], n_steps: int,

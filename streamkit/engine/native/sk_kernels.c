@@ -70,6 +70,7 @@
 #include "sk_dequant.h"
 #include "sk_fma.h"
 #include "sk_gemv.h"
+#include "sk_greedy.h"
 #if SK_BF16
 #include "sk_bf16.h"
 #endif
@@ -230,13 +231,15 @@ typedef struct {
     float *x, *h, *qkv, *att, *gu, *act, *lx;
     uint32_t *xb;
     int cap_t, cap_r;
+    gh_prep gh; /* the greedy head's per-block sums of the head's weights (NULLs: its format has none) */
 } sk_model;
 
 /* bit 0: loaded; 1: AMX tiles granted; 2: the bf16 paths compiled in (AVX512_BF16); 3: AVX-512
  * (not the AVX2 build); 4: the int8 path compiled in (AVX512_VNNI); 5: the int16 path (the AVX2
- * build); 6: AVX-VNNI compiled in (the AVX2 build's vpdpbusd / vpdpwssd) */
+ * build); 6: AVX-VNNI compiled in (the AVX2 build's vpdpbusd / vpdpwssd); 7: the greedy head
+ * (sk_greedy.h: vpdpbusd on ymm, from AVX-VNNI or AVX512_VNNI) */
 SK_API int sk_init(void) {
-    int caps = 1 | (SK_BF16 << 2) | (SK_VNNI << 4) | (SK_I16 << 5) | (SK_VNNI256 << 6);
+    int caps = 1 | (SK_BF16 << 2) | (SK_VNNI << 4) | (SK_I16 << 5) | (SK_VNNI256 << 6) | (SK_GREEDY << 7);
 #ifdef __AVX512F__
     caps |= 8;
 #endif
@@ -274,6 +277,7 @@ static void free_scratch(sk_model *m) {
 SK_API void sk_model_free(sk_model *m) {
     if (!m) return;
     free_scratch(m);
+    gh_free(&m->gh);
     free(m->layers);
     free(m);
 }
@@ -284,6 +288,8 @@ SK_API void sk_model_set_globals(sk_model *m, int embed_fmt, const uint8_t *embe
                                  const float *rope_cos, const float *rope_sin, int rope_len) {
     m->embed = (sk_w){embed_fmt, m->vocab, m->dim, embed_qs, embed_sc};
     m->head = (sk_w){head_fmt, m->vocab, m->dim, head_qs, head_sc};
+    gh_free(&m->gh);
+    m->gh = gh_prepare(&m->head);
     m->out_norm = out_norm; m->rope_cos = rope_cos; m->rope_sin = rope_sin; m->rope_len = rope_len;
 }
 
@@ -455,7 +461,8 @@ typedef struct {
     int T, R, nb_stride, bf16_min_rows, i8_min_rows, i8_mask, amx;
     const int32_t *ids, *pos, *tok_seq, *tables, *logit_rows;
     const int64_t *slots;
-    float *logits;
+    float *logits;  /* [R][vocab]; scratch where tokens is set */
+    int32_t *tokens; /* NULL, or [R]: each logit row's argmax instead of its logits */
 } forward_args;
 
 /* this thread's share of T rows of n columns (n a multiple of 16): whole rows [*r0, *r1), or with
@@ -544,6 +551,46 @@ static void silu_rows(const sk_model *m, int T, sk_team *t) {
     }
 }
 
+/* index of the first maximum of x[0, n): chunk maxima in a vector pass, then a scan of the first
+ * chunk that holds the maximum (numpy's argmax picks the same index) */
+#define SK_ARGMAX_CHUNK 256
+static int argmax_row(const float *x, int n) {
+    float best = x[0];
+    int best_chunk = 0;
+    for (int c0 = 0; c0 < n; c0 += SK_ARGMAX_CHUNK) {
+        const int c1 = c0 + SK_ARGMAX_CHUNK < n ? c0 + SK_ARGMAX_CHUNK : n;
+        int j = c0;
+        float mx = x[c0];
+        if (c1 - c0 >= 16) {
+            v16 vm = v16_load(x + c0);
+            for (j = c0 + 16; j + 16 <= c1; j += 16) vm = v16_max(vm, v16_load(x + j));
+            mx = v16_hmax(vm);
+        }
+        for (; j < c1; j++) mx = x[j] > mx ? x[j] : mx;
+        if (mx > best) best = mx, best_chunk = c0;
+    }
+    for (int j = best_chunk; j < n; j++)
+        if (x[j] == best) return j;
+    return best_chunk; /* NaN logits: no value compares equal */
+}
+
+/* the head's rows into f->tokens: each row's first largest logit. The greedy head (sk_greedy.h)
+ * where the head's format and the row count take it, else every logit and a scan. */
+static void head_argmax(const forward_args *f, int amr, int i8, int i8_two, int gemv, sk_team *t) {
+    sk_model *m = f->m;
+    const int R = f->R, D = m->dim, V = m->vocab;
+    int a, b;
+#if SK_GREEDY
+    if (m->gh.corr && R >= SK_GREEDY_MIN_ROWS) {
+        greedy_head_team(&m->head, &m->gh, R, m->lx, D, f->logits, (size_t)R * V * 4, m->xb, f->tokens, t);
+        return;
+    }
+#endif
+    matmul_team(&m->head, R, m->lx, D, f->logits, V, 0, amr, i8, i8_two, gemv, m->xb, t);
+    team_span(t, R, &a, &b);
+    for (int r = a; r < b; r++) f->tokens[r] = argmax_row(f->logits + (size_t)r * V, V);
+}
+
 static void forward_job(void *p, sk_team *t) {
     const forward_args *f = p;
 #define I8(bit) ((f->i8_mask & (bit)) ? f->i8_min_rows : 0) /* the int8 threshold of one matmul */
@@ -579,7 +626,8 @@ static void forward_job(void *p, sk_team *t) {
     for (int r = a; r < b; r++)
         rms_norm_cols(m->x + (size_t)f->logit_rows[r] * D, m->out_norm, D, m->eps, m->lx + (size_t)r * D, c0, c1);
     team_barrier(t);
-    matmul_team(&m->head, f->R, m->lx, D, f->logits, m->vocab, 0, amr, I8(16), I8_TWO, GEMV, m->xb, t);
+    if (f->tokens) head_argmax(f, amr, I8(16), I8_TWO, GEMV, t);
+    else matmul_team(&m->head, f->R, m->lx, D, f->logits, m->vocab, 0, amr, I8(16), I8_TWO, GEMV, m->xb, t);
     team_end(f->amx);
 #undef I8
 #undef I8_TWO
@@ -593,9 +641,9 @@ static void forward_job(void *p, sk_team *t) {
  * least i8_min_rows in int8 where i8_mask has their bit (1 qkv, 2 o, 4 gate/up, 8 down, 16 LM head;
  * 32: activations as two int8 terms; 64: steps of few rows in int8 where sk_gemv.h takes them).
  * Returns 0; -1 when scratch memory could not be allocated, -2 for a token id or position out of range. */
-SK_API int sk_forward(sk_model *m, int T, const int32_t *ids, const int32_t *pos, const int64_t *slots,
-                      const int32_t *tok_seq, const int32_t *tables, int nb_stride, int R, const int32_t *logit_rows,
-                      float *logits, int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
+static int forward_rows(sk_model *m, int T, const int32_t *ids, const int32_t *pos, const int64_t *slots,
+                        const int32_t *tok_seq, const int32_t *tables, int nb_stride, int R, const int32_t *logit_rows,
+                        float *logits, int32_t *tokens, int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
     for (int t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= m->vocab || pos[t] < 0 || pos[t] >= m->rope_len) return -2;
     for (int r = 0; r < R; r++)
@@ -604,32 +652,26 @@ SK_API int sk_forward(sk_model *m, int T, const int32_t *ids, const int32_t *pos
     if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
     forward_args f = {m, T, R, nb_stride, bf16_min_rows, i8_min_rows, i8_mask,
                       SK_AMX && g_amx && bf16_min_rows > 0 && (T >= bf16_min_rows || R >= bf16_min_rows),
-                      ids, pos, tok_seq, tables, logit_rows, slots, logits};
+                      ids, pos, tok_seq, tables, logit_rows, slots, logits, tokens};
     pool_run(forward_job, &f, nt);
     return 0;
 }
 
-/* index of the first maximum of x[0, n): chunk maxima in a vector pass, then a scan of the first
- * chunk that holds the maximum (numpy's argmax picks the same index) */
-#define SK_ARGMAX_CHUNK 256
-static int argmax_row(const float *x, int n) {
-    float best = x[0];
-    int best_chunk = 0;
-    for (int c0 = 0; c0 < n; c0 += SK_ARGMAX_CHUNK) {
-        const int c1 = c0 + SK_ARGMAX_CHUNK < n ? c0 + SK_ARGMAX_CHUNK : n;
-        int j = c0;
-        float mx = x[c0];
-        if (c1 - c0 >= 16) {
-            v16 vm = v16_load(x + c0);
-            for (j = c0 + 16; j + 16 <= c1; j += 16) vm = v16_max(vm, v16_load(x + j));
-            mx = v16_hmax(vm);
-        }
-        for (; j < c1; j++) mx = x[j] > mx ? x[j] : mx;
-        if (mx > best) best = mx, best_chunk = c0;
-    }
-    for (int j = best_chunk; j < n; j++)
-        if (x[j] == best) return j;
-    return best_chunk; /* NaN logits: no value compares equal */
+SK_API int sk_forward(sk_model *m, int T, const int32_t *ids, const int32_t *pos, const int64_t *slots,
+                      const int32_t *tok_seq, const int32_t *tables, int nb_stride, int R, const int32_t *logit_rows,
+                      float *logits, int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
+    return forward_rows(m, T, ids, pos, slots, tok_seq, tables, nb_stride, R, logit_rows, logits, NULL, bf16_min_rows,
+                        i8_min_rows, i8_mask, nt);
+}
+
+/* sk_forward for greedy rows: each logit row's argmax into tokens [R] (the first largest logit; the
+ * greedy head of sk_greedy.h where the head's format and R take it), logits [R][vocab] scratch */
+SK_API int sk_forward_argmax(sk_model *m, int T, const int32_t *ids, const int32_t *pos, const int64_t *slots,
+                             const int32_t *tok_seq, const int32_t *tables, int nb_stride, int R,
+                             const int32_t *logit_rows, float *logits, int32_t *tokens, int bf16_min_rows,
+                             int i8_min_rows, int i8_mask, int nt) {
+    return forward_rows(m, T, ids, pos, slots, tok_seq, tables, nb_stride, R, logit_rows, logits, tokens,
+                        bf16_min_rows, i8_min_rows, i8_mask, nt);
 }
 
 /* Up to n_steps greedy decode steps of S sequences, one token each a step, in one call: the token
@@ -657,12 +699,12 @@ SK_API int sk_decode_greedy(sk_model *m, int S, int n_steps, const int32_t *ids0
             pos[i] = pos0[i] + s;
             slots[i] = (int64_t)tables[(size_t)i * nb_stride + pos[i] / bs] * bs + pos[i] % bs;
         }
-        rc = sk_forward(m, S, ids, pos, slots, seq, tables, nb_stride, S, seq, logits, bf16_min_rows, i8_min_rows,
-                        i8_mask, nt);
+        int32_t *toks = out + (size_t)s * S;
+        rc = forward_rows(m, S, ids, pos, slots, seq, tables, nb_stride, S, seq, logits, toks, bf16_min_rows,
+                          i8_min_rows, i8_mask, nt);
         if (rc) break;
         for (int i = 0; i < S; i++) {
-            const int tok = argmax_row(logits + (size_t)i * m->vocab, m->vocab);
-            out[(size_t)s * S + i] = ids[i] = tok;
+            const int tok = ids[i] = toks[i];
             for (int j = 0; j < n_stop && may_stop[i]; j++) stopped |= tok == stop_ids[j];
         }
         s++;
@@ -702,6 +744,46 @@ SK_API int sk_matmul(int fmt, const uint8_t *qs, const float *sc, int N, int K, 
     pool_run(matmul_job, &a, nt);
     free(a.xb);
     return 0;
+}
+
+typedef struct {
+    sk_w w;
+    const gh_prep *gh;
+    int M;
+    const float *x;
+    void *scratch, *xb;
+    int32_t *tokens;
+} greedy_args;
+
+static void greedy_job(void *p, sk_team *t) {
+    const greedy_args *a = p;
+#if SK_GREEDY
+    greedy_head_team(&a->w, a->gh, a->M, a->x, a->w.k, a->scratch, (size_t)a->M * a->w.n * 4, a->xb, a->tokens, t);
+#else
+    (void)a; (void)t;
+#endif
+}
+
+/* each row's argmax of x [M][K] . W^T by the greedy head (sk_greedy.h), whatever the row count.
+ * Returns 0; -1 when memory could not be allocated, -4 where this build or W's format has no
+ * greedy head. */
+SK_API int sk_greedy_head(int fmt, const uint8_t *qs, const float *sc, int N, int K, int M, const float *x,
+                          int32_t *tokens, int nt) {
+    greedy_args a = {{fmt, N, K, qs, sc}, NULL, M, x, NULL, NULL, tokens};
+    if (!SK_GREEDY || !gh_format(&a.w)) return -4;
+    gh_prep gh = gh_prepare(&a.w);
+    a.gh = &gh;
+    a.scratch = aligned_alloc(64, (size_t)M * N * 4 + 64);
+    a.xb = aligned_alloc(64, (gh_x_bytes(M, K) + 63) / 64 * 64);
+    int rc = -1;
+    if (gh.corr && a.scratch && a.xb) {
+        if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        pool_run(greedy_job, &a, nt);
+        rc = 0;
+    }
+    gh_free(&gh);
+    free(a.scratch); free(a.xb);
+    return rc;
 }
 
 /* rows [N][K] of a weight dequantized to fp32 exactly as the matmuls see them */
