@@ -6,7 +6,7 @@ this CPU" (`SK_GEMV_MAX_ROWS`, `SK_GEMV_BLOCK_ROWS`) and times speculative verif
 kernels either way (speedup ~1). With --last-logits only the last row's logits are computed, as
 in a prefill step, so the time is the layers' batched matmuls without the LM head on every row.
 With --argmax it times, the same way, a greedy step that asks for each row's argmax alone (the
-greedy head of `sk_greedy.h`, from 8 rows on a Q8_0 head) against every logit and numpy's argmax.
+greedy head of `sk_greedy.h`, from 5 rows on a Q8_0 head) against every logit and numpy's argmax.
 
     streamkit bench step --model qwen2.5-coder-1.5b --rows 1,2,3,4,5 [--isa avx2] [--last-logits] [--json]
     streamkit bench step --rows 8,16,32 --argmax

@@ -248,7 +248,7 @@ class NativeLlamaModel:
     @torch.inference_mode()
     def forward_argmax(self, b: StepBatch) -> list[int]:
         """The index of the largest logit of each of b.logit_rows (the first, on a tie), as greedy
-        decoding picks it, without every logit: from 8 rows on, on a Q8_0 head, the kernels find it
+        decoding picks it, without every logit: from 5 rows on, on a Q8_0 head, the kernels find it
         from a cheap approximation of the logits and its error bound, then compute the few logits
         that bound cannot rule out exactly (sk_greedy.h)."""
         args, keep = self._step_args(b)

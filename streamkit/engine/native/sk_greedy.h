@@ -37,9 +37,11 @@ INLINE __m256i gh_dpbusd(__m256i acc, __m256i u, __m256i s) {
 #define SK_GREEDY 0
 #endif
 
-/* From this many rows the greedy head takes a step: below, the head's weights are read at memory
- * speed by the few-row kernel, and a tile of 8 rows costs the same for 1 row as for 8. */
-#define SK_GREEDY_MIN_ROWS 8
+/* From this many rows the greedy head takes a step: its tile of 8 rows costs the same for 1 row as
+ * for 8. `streamkit bench step --argmax`, SmolLM2, whole steps against the logits and a scan
+ * (Intel Xeon, 2026-12-06, avx2 / amx): 2 rows 0.93 / 0.95, 3 rows 0.97 / 0.98, 4 rows 1.01 /
+ * 1.02, 5 rows 1.04 / 1.12, 8 rows 1.04 / 1.11, 16 rows 1.07 / 1.08. */
+#define SK_GREEDY_MIN_ROWS 5
 #define GH_WIDEN (1.0f + 1.0f / 64.0f)
 
 /* per column and block of a head: 128 * sum_k q_k (int), and dx-free half error sums
