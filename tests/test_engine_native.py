@@ -295,7 +295,8 @@ def test_greedy_head_finds_the_largest_logit_where_its_approximation_cannot(rows
     (blocks 30-60x the rest), each moved so that its two largest logits differ by 1e-4 of its
     largest: the approximation's own argmax misses on some rows (checked here, so the test can
     fail), the head must not. A column
-    duplicated bit for bit ahead of a row's best ties with it, and the first wins, as numpy's argmax."""
+    duplicated bit for bit ahead of a row's best ties with it, and the first wins, as numpy's argmax.
+    Weights stored with negative scales (and negated integers) give the same tokens."""
     _needs_greedy_head(isa)
     rng = np.random.default_rng(rows)
     n, k = 16 * 13, 512
@@ -319,6 +320,12 @@ def test_greedy_head_finds_the_largest_logit_where_its_approximation_cannot(rows
     tied = raw.copy()
     tied[0] = raw[top]
     assert _greedy_head(pack("Q8_0", tied), xt, isa)[0] == 0
+    # the same weights stored as -d and -q (a file may store d < 0): the same tokens
+    neg = raw.copy().reshape(n, k // 32, 34)
+    neg[:, :, 1] ^= 0x80  # the sign of the float16 d (little-endian: its high byte)
+    neg[:, :, 2:] = (-neg[:, :, 2:].view(np.int8)).view(np.uint8)
+    assert np.array_equal(dequantize(neg.reshape(n, -1), QT.Q8_0).reshape(n, k), wd)
+    assert _greedy_head(pack("Q8_0", neg.reshape(n, -1)), xt, isa) == exact.argmax(-1).tolist()
 
 
 def test_greedy_head_rows_and_threads_are_independent(isa):

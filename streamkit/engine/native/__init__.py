@@ -41,8 +41,9 @@ from streamkit import cache, cores
 log = logging.getLogger("streamkit.engine")
 
 SOURCE = Path(__file__).with_name("sk_kernels.c")
+# an undeclared function is an error, not a warning to find at load time (as GCC 14 has it)
 CFLAGS = ["-O3", "-pthread", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden",
-          "-mtune=native"]
+          "-mtune=native", "-Werror=implicit-function-declaration"]
 ISAS = ("amx", "avx512", "avx2")  # best first
 _AVX2 = ["-mavx2", "-mfma", "-mf16c", "-mbmi2"]
 _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512cd"]

@@ -70,7 +70,7 @@ static gh_prep gh_prepare(const sk_w *w) {
         int sum = 0, sum_abs = 0;
         for (int k = 0; k < 32; k++) sum += q[k], sum_abs += q[k] < 0 ? -q[k] : q[k];
         p.corr[b] = 128 * sum;
-        p.err[b] = 0.5f * w->sc[b] * (float)sum_abs * GH_WIDEN;
+        p.err[b] = 0.5f * fabsf(w->sc[b]) * (float)sum_abs * GH_WIDEN; /* a file may store d < 0 */
     }
     return p;
 }
@@ -80,10 +80,10 @@ static void gh_free(gh_prep *p) {
     p->corr = NULL; p->err = NULL;
 }
 
-#if SK_GREEDY
 /* bytes of the packed x of M rows of K inputs */
 static size_t gh_x_bytes(int M, int K) { return (size_t)((M + 7) / 8) * (K / 32) * (256 + 32); }
 
+#if SK_GREEDY
 /* x [M][K] -> the tiles above, this thread's share of (tile, block) units */
 static void gh_pack_x_team(const float *x, int ldx, int M, int K, uint32_t *xq, float *dx, sk_team *t) {
     const int NB = K / 32, MT = (M + 7) / 8;
@@ -161,7 +161,6 @@ INLINE void gh_cols(const sk_w *w, const gh_prep *p, int n, int NB, const uint32
         }
     }
 }
-#endif
 
 /* a column that may hold its row's largest logit, and the upper end of its interval */
 typedef struct {
@@ -193,7 +192,6 @@ INLINE void gh_keep(gh_part *part, int row, int col, float hi) {
     if (*n <= part->cap) (*n)++;
 }
 
-#if SK_GREEDY
 /* the columns of the strips this thread takes (sk_pool.h's share_next; share_begin(t, N / 16) before
  * the pack's barrier) that may hold their row's largest logit: each column's interval against the
  * largest lower end seen so far in its row, so a row keeps the few columns near its top plus those
@@ -233,7 +231,6 @@ static void gh_scan_team(const sk_w *w, const gh_prep *p, int M, const uint32_t 
         }
     }
 }
-#endif
 
 /* column c's logit in fp32: the dequantized weights (exact in fp32) dotted with x in a fixed order */
 static float gh_exact(const sk_w *w, int c, const float *x, float *tmp) {
@@ -271,7 +268,6 @@ static int gh_pick(const sk_w *w, void *scratch, size_t bytes, int M, int nt, in
     return best;
 }
 
-#if SK_GREEDY
 /* each of M rows' argmax into tokens (the rows of x [M][K], ldx apart); scratch: `bytes` for the
  * threads' candidates (M * N * 4 leaves each of 2 threads N / 2 a row), xb the packed rows
  * (gh_x_bytes(M, K)) */
