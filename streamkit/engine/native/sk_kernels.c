@@ -231,7 +231,8 @@ typedef struct {
     float *x, *h, *qkv, *att, *gu, *act, *lx;
     uint32_t *xb;
     int cap_t, cap_r;
-    gh_prep gh; /* the greedy head's per-block sums of the head's weights (NULLs: its format has none) */
+    gh_prep gh; /* the greedy head's per-block sums of the head's weights, made at its first use (gh_tried) */
+    int gh_tried;
 } sk_model;
 
 /* bit 0: loaded; 1: AMX tiles granted; 2: the bf16 paths compiled in (AVX512_BF16); 3: AVX-512
@@ -289,7 +290,7 @@ SK_API void sk_model_set_globals(sk_model *m, int embed_fmt, const uint8_t *embe
     m->embed = (sk_w){embed_fmt, m->vocab, m->dim, embed_qs, embed_sc};
     m->head = (sk_w){head_fmt, m->vocab, m->dim, head_qs, head_sc};
     gh_free(&m->gh);
-    m->gh = gh_prepare(&m->head);
+    m->gh_tried = 0;
     m->out_norm = out_norm; m->rope_cos = rope_cos; m->rope_sin = rope_sin; m->rope_len = rope_len;
 }
 
@@ -649,6 +650,10 @@ static int forward_rows(sk_model *m, int T, const int32_t *ids, const int32_t *p
     for (int r = 0; r < R; r++)
         if (logit_rows[r] < 0 || logit_rows[r] >= T) return -2;
     if (ensure_scratch(m, T, R)) return -1;
+    if (tokens && R >= SK_GREEDY_MIN_ROWS && !m->gh_tried) { /* 8 bytes a block: made for models that use it */
+        m->gh = gh_prepare(&m->head);
+        m->gh_tried = 1;
+    }
     if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
     forward_args f = {m, T, R, nb_stride, bf16_min_rows, i8_min_rows, i8_mask,
                       SK_AMX && g_amx && bf16_min_rows > 0 && (T >= bf16_min_rows || R >= bf16_min_rows),
