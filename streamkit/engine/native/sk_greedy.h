@@ -1,7 +1,7 @@
 /* The LM head of greedy steps: the index of each row's largest logit without every logit exact.
  *
- * A batched step's head (SmolLM2: 49152 x 576, Q8_0) is about a fifth of its matmuls, and a greedy
- * step needs one number of each row. So the head runs twice as cheap first: activations as ONE int8
+ * A batched step's head (SmolLM2: 49152 x 576, Q8_0) is about a seventh of a 16-row step on avx2,
+ * and a greedy step needs one number of each row. So the head runs twice as cheap first: activations as ONE int8
  * term a block of 32 (llama.cpp's scheme, too coarse on its own for the greedy gate: 6 of 20 prompts
  * in an emulation, docs/engine.md), the Q8_0 weights straight from the file, vpdpbusd on ymm (8 rows
  * a vector, 64 multiply-adds an instruction against vpdpwssd's 32, no strip). Beside each
@@ -14,8 +14,8 @@
  * whatever else is in the step.
  *
  * The bound is widened by 1/64 for the fp32 rounding of a and of the exact dot products (each well
- * below 1/1000 of e: their terms sum to at most 255 e). A row with a NaN or whose bound rules nothing
- * out falls back to the exact dot product of every column.
+ * below 1/1000 of e: their terms sum to at most 255 e). A row with a NaN, or with more columns left
+ * than a thread keeps (all logits tied), falls back to the exact dot product of every column.
  *
  * Layouts: x in tiles of 8 rows, [tile][K/32][8 groups of 4 k][8 rows] u8 dwords (qx + 128, for
  * vpdpbusd's unsigned operand) with dx [tile][K/32][8]; so sum_k (qx_k + 128) w_k needs
