@@ -573,18 +573,21 @@ def _prefill(model, tok_ids: list[list[int]], room: int) -> tuple[list[torch.Ten
     return logits, seqs
 
 
+def _decode_batch(cache, seqs: list[tuple[list[int], list[int]]]) -> StepBatch:
+    """One decode step of every (ids, blocks) sequence: its last id at its last position."""
+    nb = max(len(bl) for _, bl in seqs)
+    return StepBatch(ids=torch.tensor([s[-1] for s, _ in seqs]), positions=torch.tensor([len(s) - 1 for s, _ in seqs]),
+                     slots=torch.tensor([cache.slots(bl, len(s) - 1, len(s))[0] for s, bl in seqs]),
+                     n_decode=len(seqs), block_tables=torch.tensor([bl + [0] * (nb - len(bl)) for _, bl in seqs]),
+                     ctx_lens=torch.tensor([len(s) for s, _ in seqs]))
+
+
 def _run_steps(model, tok_ids: list[list[int]], n_decode: int) -> tuple[list[torch.Tensor], list[list[int]]]:
     """Prefill the prompts (_prefill), then decode all of them together greedily; returns every
     step's logits and the generated ids."""
-    cache = model.kv_cache
     logits, seqs = _prefill(model, tok_ids, n_decode)
     for _ in range(n_decode):
-        nb = max(len(bl) for _, bl in seqs)
-        b = StepBatch(ids=torch.tensor([s[-1] for s, _ in seqs]), positions=torch.tensor([len(s) - 1 for s, _ in seqs]),
-                      slots=torch.tensor([cache.slots(bl, len(s) - 1, len(s))[0] for s, bl in seqs]),
-                      n_decode=len(seqs), block_tables=torch.tensor([bl + [0] * (nb - len(bl)) for _, bl in seqs]),
-                      ctx_lens=torch.tensor([len(s) for s, _ in seqs]))
-        out = model.forward(b).clone()
+        out = model.forward(_decode_batch(model.kv_cache, seqs)).clone()
         logits.extend(out)
         for (s, _), row in zip(seqs, out):
             s.append(int(row.argmax()))
@@ -715,12 +718,7 @@ def test_forward_argmax_is_the_argmax_of_the_logits(raw_model, isa):
     for n in (3, 12):
         _, seqs = _prefill(model, prompts[:n], 4)
         for _ in range(4):
-            nb = max(len(bl) for _, bl in seqs)
-            b = StepBatch(ids=torch.tensor([s[-1] for s, _ in seqs]),
-                          positions=torch.tensor([len(s) - 1 for s, _ in seqs]),
-                          slots=torch.tensor([cache.slots(bl, len(s) - 1, len(s))[0] for s, bl in seqs]),
-                          n_decode=n, block_tables=torch.tensor([bl + [0] * (nb - len(bl)) for _, bl in seqs]),
-                          ctx_lens=torch.tensor([len(s) for s, _ in seqs]))
+            b = _decode_batch(cache, seqs)
             tokens = model.forward_argmax(b)  # the step's K/V are written again, the same, by forward
             logits = model.forward(b).clone()
             top2 = logits.topk(2).values

@@ -277,11 +277,9 @@ class NativeLlamaModel:
         stops = np.asarray(sorted(stop_ids) or [0], np.int32)
         may = np.asarray(may_stop, np.uint8)
         out = np.empty((n_steps, S), np.int32)
-        if self._logits.shape[0] < S:
-            self._logits = torch.empty((S, self.cfg.vocab_size), dtype=torch.float32)
         P = native.ptr
         rc = self._lib.sk_decode_greedy(self._m, S, n_steps, P(ids_a), P(pos_a), P(tables), width, P(stops),
-                                        len(stop_ids), P(may), P(self._logits), P(out), self.bf16_min_rows,
+                                        len(stop_ids), P(may), P(self._logits_for(S, True)), P(out), self.bf16_min_rows,
                                         self.int8_min_rows, self.int8_mask, torch.get_num_threads())
         if rc == -3:
             raise ValueError(f"a block table does not cover {n_steps} decode steps")
