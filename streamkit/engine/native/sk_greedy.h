@@ -113,24 +113,33 @@ static void gh_pack_x_team(const float *x, int ldx, int M, int K, uint32_t *xq, 
     }
 }
 
+/* The scans prefetch the same columns of the next strip (a share is taken in order, sk_pool.h):
+ * its per-block scales and sums once, then block by block its weights */
+INLINE void gh_prefetch_sums(const sk_w *w, const gh_prep *p, int n, int cols, int NB) {
+    for (int c = 0; c < cols; c++) {
+        const size_t b = (size_t)(n + 16 + c) * NB;
+        prefetch(w->sc + b); prefetch(p->corr + b); prefetch(p->err + b);
+        prefetch(w->sc + b + 15); prefetch(p->corr + b + 15); prefetch(p->err + b + 15);
+    }
+}
+
+INLINE void gh_prefetch_block(const sk_w *w, size_t b0, int cols, int NB) {
+    for (int c = 0; c < cols; c++) prefetch(w->qs + 32 * (b0 + (size_t)(16 + c) * NB));
+}
+
 /* columns n..n+3 over one or two 8-row tiles (xb = xa when one): approximations into at[c * 16 + row]
- * and bounds into et (rows 8..15 from xb). 4 columns x 2 tiles: 8 vpdpbusd chains. Prefetches the
- * same columns of the next strip (a share is taken in order, sk_pool.h). */
+ * and bounds into et (rows 8..15 from xb). 4 columns x 2 tiles: 8 vpdpbusd chains. */
 INLINE void gh_cols(const sk_w *w, const gh_prep *p, int n, int NB, const uint32_t *xa, const uint32_t *xb,
                     const float *da, const float *db, float *at, float *et, int two_tiles) {
     for (int i = 0; i < 4 * 16; i += 8) {
         _mm256_storeu_ps(at + i, _mm256_setzero_ps());
         _mm256_storeu_ps(et + i, _mm256_setzero_ps());
     }
-    for (int c = 0; c < 4; c++) {
-        const size_t b = (size_t)(n + 16 + c) * NB;
-        prefetch(w->sc + b); prefetch(p->corr + b); prefetch(p->err + b);
-        prefetch(w->sc + b + 15); prefetch(p->corr + b + 15); prefetch(p->err + b + 15);
-    }
+    gh_prefetch_sums(w, p, n, 4, NB);
     for (int kb = 0; kb < NB; kb++) {
         const uint32_t *ka = xa + (size_t)kb * 64, *kb2 = xb + (size_t)kb * 64;
         const size_t b0 = (size_t)n * NB + kb;
-        for (int c = 0; c < 4; c++) prefetch(w->qs + 32 * (b0 + (size_t)(16 + c) * NB));
+        gh_prefetch_block(w, b0, 4, NB);
         __m256i acc[4][2];
         for (int c = 0; c < 4; c++) acc[c][0] = acc[c][1] = _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -171,16 +180,12 @@ INLINE void gh_cols(const sk_w *w, const gh_prep *p, int n, int NB, const uint32
 INLINE void gh_cols16(const sk_w *w, const gh_prep *p, int n, int NB, const uint32_t *xa, const uint32_t *xb,
                       const float *da, const float *db, float *at, float *et) {
     __m512 a[8], e[8];
-    for (int c = 0; c < 8; c++) {
-        a[c] = e[c] = _mm512_setzero_ps();
-        const size_t b = (size_t)(n + 16 + c) * NB;
-        prefetch(w->sc + b); prefetch(p->corr + b); prefetch(p->err + b);
-        prefetch(w->sc + b + 15); prefetch(p->corr + b + 15); prefetch(p->err + b + 15);
-    }
+    for (int c = 0; c < 8; c++) a[c] = e[c] = _mm512_setzero_ps();
+    gh_prefetch_sums(w, p, n, 8, NB);
     for (int kb = 0; kb < NB; kb++) {
         const uint32_t *ka = xa + (size_t)kb * 64, *kb2 = xb + (size_t)kb * 64;
         const size_t b0 = (size_t)n * NB + kb;
-        for (int c = 0; c < 8; c++) prefetch(w->qs + 32 * (b0 + (size_t)(16 + c) * NB));
+        gh_prefetch_block(w, b0, 8, NB);
         __m512i acc[8];
         for (int c = 0; c < 8; c++) acc[c] = _mm512_setzero_si512();
 #pragma GCC unroll 8
