@@ -19,7 +19,7 @@ from streamkit.engine.kv_cache import PagedKVCache
 from streamkit.engine.model import LlamaModel, StepBatch
 from streamkit.engine.native.model import INT8_GEMV, INT8_TWO_TERMS, NativeLlamaModel
 from streamkit.engine.native.weights import dequantize as native_dequantize
-from streamkit.engine.native.weights import pack, stack
+from streamkit.engine.native.weights import greedy_head_bytes, pack, stack
 from streamkit.engine.reference import PROMPTS, chat
 from streamkit.engine.tokenizer import Tokenizer
 
@@ -352,6 +352,86 @@ def test_greedy_head_refuses_formats_it_does_not_read(isa):
     tokens = np.empty(8, np.int32)
     assert native.load(isa).sk_greedy_head(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, 8, native.ptr(x),
                                            native.ptr(tokens), 2) == -4
+
+
+def _head4(w, x: torch.Tensor, isa: str, threads: int = 2) -> list[int]:
+    """sk_head4_argmax: each row's argmax of x . W^T by the head's 4-bit copy, the few-row kernels'
+    dispatch of a greedy step"""
+    tokens = np.empty(x.shape[0], np.int32)
+    rc = native.load(isa).sk_head4_argmax(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, x.shape[0],
+                                          native.ptr(x), native.ptr(tokens), 4, 31 | INT8_TWO_TERMS | INT8_GEMV,
+                                          threads)
+    assert rc == 0
+    return tokens.tolist()
+
+
+def _copy4(raw: np.ndarray, n: int, k: int) -> np.ndarray:
+    """the head's 4-bit copy as sk_head4.h makes it, in float64: each Q8_0 block re-quantized to 16
+    levels between its smallest and largest integer"""
+    blocks = raw.reshape(n, k // 32, 34)
+    d = blocks[..., :2].copy().view(np.float16).astype(np.float64)
+    q = blocks[..., 2:].view(np.int8).astype(np.float64)
+    lo, hi = q.min(-1, keepdims=True), q.max(-1, keepdims=True)
+    span = np.maximum(hi - lo, 1)
+    u = np.rint((q - lo) * 15 / span)
+    s = (d * (hi - lo)).astype(np.float32).astype(np.float64) / 15
+    return (s.astype(np.float32).astype(np.float64) * u + d * lo).reshape(n, k)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_head4_finds_the_largest_logit_its_copy_misses(rows, isa):
+    """Few-row greedy steps take the head's largest logit from a 4-bit copy of its Q8_0 blocks and
+    exact logits of the columns within 8 of their error's standard deviations of the top (sk_head4.h).
+    24 rows with outliers, each moved so that its two largest logits differ by 1e-4 of its largest:
+    the copy's own argmax misses on some rows (checked, so the test can fail), the head must not,
+    called `rows` at a time. A column duplicated bit for bit ahead of a row's best ties with it and
+    the first wins, as numpy's argmax; weights stored with negative scales give the same tokens."""
+    rng = np.random.default_rng(rows)
+    n, k = 16 * 13, 512
+    raw, wd = _q8_head(rng, n, k)
+    x = rng.standard_normal((24, k)).astype(np.float32)
+    x[:, rng.integers(0, k, 6)] *= rng.uniform(30, 60, 6).astype(np.float32)
+    x = _near_ties(x, wd, rng)
+    exact = x.astype(np.float64) @ wd.T
+    assert ((x.astype(np.float64) @ _copy4(raw, n, k).T).argmax(-1) != exact.argmax(-1)).any()
+    xt = torch.from_numpy(x)
+
+    def tokens(packed) -> list[int]:
+        return sum((_head4(packed, xt[i:i + rows], isa) for i in range(0, 24, rows)), [])
+
+    assert tokens(pack("Q8_0", raw)) == exact.argmax(-1).tolist()
+    top = int(exact[0].argmax())
+    tied = raw.copy()
+    tied[0] = raw[top]
+    assert _head4(pack("Q8_0", tied), xt[:rows], isa)[0] == 0
+    neg = raw.copy().reshape(n, k // 32, 34)
+    neg[:, :, 1] ^= 0x80
+    neg[:, :, 2:] = (-neg[:, :, 2:].view(np.int8)).view(np.uint8)
+    assert np.array_equal(dequantize(neg.reshape(n, -1), QT.Q8_0).reshape(n, k), wd)
+    assert tokens(pack("Q8_0", neg.reshape(n, -1))) == exact.argmax(-1).tolist()
+
+
+def test_head4_rows_and_threads_are_independent(isa):
+    """A row's token is its own whatever the other rows and the thread count; a row of NaNs gets
+    token 0 and an all-zero row (every logit tied, every column computed) its first column; a
+    format other than Q8_0 is refused."""
+    rng = np.random.default_rng(6)
+    raw, wd = _q8_head(rng, 16 * 29, 576)
+    w = pack("Q8_0", raw)
+    x = torch.from_numpy(rng.standard_normal((4, 576)).astype(np.float32))
+    x[1] = float("nan")
+    x[2] = 0.0
+    alone = [_head4(w, x[i:i + 1], isa)[0] for i in range(4)]
+    assert alone[1] == 0 and alone[2] == 0
+    assert [alone[0], alone[3]] == (x[[0, 3]].double().numpy() @ wd.T).argmax(-1).tolist()
+    for threads in (1, 2, 3):
+        assert _head4(w, x, isa, threads=threads) == alone, threads
+    assert greedy_head_bytes(w) == 16 * 29 * 576 // 32 * 24  # the copy the bench's roofline counts
+    q4 = _weight("Q4_1", 32, 64, rng)
+    assert greedy_head_bytes(q4) == q4.nbytes
+    tokens = np.empty(1, np.int32)
+    assert native.load(isa).sk_head4_argmax(q4.fmt, native.ptr(q4.qs), native.ptr(q4.sc), q4.n, q4.k, 1,
+                                            native.ptr(torch.zeros(1, 64)), native.ptr(tokens), 4, 0, 2) == -4
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -706,9 +786,9 @@ def test_decode_greedy_runs_the_steps_of_single_forwards(raw_model, reference_ru
 
 def test_forward_argmax_is_the_argmax_of_the_logits(raw_model, isa):
     """forward_argmax (a step whose rows all decode greedily): each row's largest logit without the
-    logits. 3 rows take the head's usual kernels and a scan: forward's argmax exactly. 12 rows take
-    the greedy head where the path has one, the argmax of the head in fp32 over the same hidden
-    states: forward's argmax wherever its two largest logits are further apart than its own error."""
+    logits. 3 rows take the head's 4-bit copy (sk_head4.h), 12 rows the greedy head where the path
+    has one; both give the argmax of the head in fp32 over the same hidden states: forward's argmax
+    wherever its two largest logits are further apart than its own error."""
     tok = Tokenizer(raw_model.metadata)
     template = ChatTemplate.from_metadata(raw_model.metadata, tok.tokens)
     prompts = [tok.encode(template.render(chat(p), add_generation_prompt=True)) for p in PROMPTS[:12]]
@@ -722,7 +802,7 @@ def test_forward_argmax_is_the_argmax_of_the_logits(raw_model, isa):
             tokens = model.forward_argmax(b)  # the step's K/V are written again, the same, by forward
             logits = model.forward(b).clone()
             top2 = logits.topk(2).values
-            clear = (top2[:, 0] - top2[:, 1] > 0.01) if n >= 8 else torch.ones(n, dtype=torch.bool)
+            clear = top2[:, 0] - top2[:, 1] > 0.01
             assert [t for t, c in zip(tokens, clear) if c] == [int(r.argmax()) for r, c in zip(logits, clear) if c]
             compared += int(clear.sum())
             for (s, _), t in zip(seqs, tokens):

@@ -156,6 +156,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_decode_greedy": ([P, I, I, P, P, P, I, P, I, P, P, P, I, I, I, I], I),
         "sk_matmul": ([I, P, P, I, I, I, P, P, I, I, I, I, I], I),
         "sk_greedy_head": ([I, P, P, I, I, I, P, P, I], I),
+        "sk_head4_argmax": ([I, P, P, I, I, I, P, P, I, I, I], I),
         "sk_dequant": ([I, P, P, I, I, P], None),
     }
     for name, (args, res) in sig.items():

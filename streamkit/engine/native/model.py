@@ -23,7 +23,7 @@ import torch
 from streamkit.engine import native
 from streamkit.engine.gguf_loader import GGUFModel
 from streamkit.engine.model import StepBatch, rope_angles
-from streamkit.engine.native.weights import PackedWeight, pack, stack
+from streamkit.engine.native.weights import PackedWeight, greedy_head_bytes, pack, stack
 from streamkit.engine.paged_attention import default_scale
 
 log = logging.getLogger("streamkit.engine")
@@ -159,7 +159,7 @@ class NativeLlamaModel:
         self.reuse_logits = False
         self._logits = torch.empty(0)
         log.info("engine: native model ready (%s on %s, %.1f MB of weights, bf16 from %s rows, int8 from %s)",
-                 weights, native.describe(self.isa), self.weight_bytes_per_step / 1e6, self.bf16_min_rows or "never",
+                 weights, native.describe(self.isa), self.weight_bytes / 1e6, self.bf16_min_rows or "never",
                  self.int8_min_rows or "never")
 
     def __del__(self):
@@ -186,11 +186,18 @@ class NativeLlamaModel:
 
     # ------------------------------------------------------------------ info
     @property
+    def weight_bytes(self) -> int:
+        """The packed matrices' bytes (the embedding aside: a step reads only its rows)."""
+        return self._head.nbytes + self._layer_bytes()
+
+    @property
     def weight_bytes_per_step(self) -> int:
-        n = self._head.nbytes
-        for _an, _fn, qkv, o, gu, down in self._layers:
-            n += qkv.nbytes + o.nbytes + gu.nbytes + down.nbytes
-        return n
+        """The weight bytes a greedy batch-1 step reads: the head's as its 4-bit copy where the
+        kernels keep one (sk_head4.h)."""
+        return greedy_head_bytes(self._head) + self._layer_bytes()
+
+    def _layer_bytes(self) -> int:
+        return sum(qkv.nbytes + o.nbytes + gu.nbytes + down.nbytes for _an, _fn, qkv, o, gu, down in self._layers)
 
     # ------------------------------------------------------------------ forward
     def _tables(self, b: StepBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -250,7 +257,8 @@ class NativeLlamaModel:
         """The index of the largest logit of each of b.logit_rows (the first, on a tie), as greedy
         decoding picks it, without every logit: from 5 rows on, on a Q8_0 head, the kernels find it
         from a cheap approximation of the logits and its error bound, then compute the few logits
-        that bound cannot rule out exactly (sk_greedy.h)."""
+        that bound cannot rule out exactly (sk_greedy.h); below 5 rows from the logits of a 4-bit copy
+        of the head and the columns within 8 standard deviations of its error (sk_head4.h)."""
         args, keep = self._step_args(b)
         rows = len(keep[-1])
         tokens = np.empty(rows, np.int32)

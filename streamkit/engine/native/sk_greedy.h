@@ -81,6 +81,19 @@ static void gh_free(gh_prep *p) {
     p->corr = NULL; p->err = NULL;
 }
 
+/* column c's logit in fp32: the dequantized weights (exact in fp32) dotted with x in a fixed order */
+static float gh_exact(const sk_w *w, int c, const float *x, float *tmp) {
+    dq_row(w, c, tmp);
+    v16 acc = v16_zero();
+    for (int k = 0; k < w->k; k += 16) acc = v16_fmadd(v16_load(tmp + k), v16_load(x + k), acc);
+    return v16_hsum(acc);
+}
+
+/* the better of (c, v) and the best so far: the larger exact logit, the first column on a tie; NaN never */
+INLINE void gh_better(int c, float v, int *best, float *best_v) {
+    if (v == v && (*best < 0 || v > *best_v || (v == *best_v && c < *best))) *best = c, *best_v = v;
+}
+
 /* bytes of the packed x of M rows of K inputs */
 static size_t gh_x_bytes(int M, int K) { return (size_t)((M + 7) / 8) * (K / 32) * (256 + 32); }
 
@@ -296,19 +309,6 @@ static void gh_scan_team(const sk_w *w, const gh_prep *p, int M, const uint32_t 
             }
         }
     }
-}
-
-/* column c's logit in fp32: the dequantized weights (exact in fp32) dotted with x in a fixed order */
-static float gh_exact(const sk_w *w, int c, const float *x, float *tmp) {
-    dq_row(w, c, tmp);
-    v16 acc = v16_zero();
-    for (int k = 0; k < w->k; k += 16) acc = v16_fmadd(v16_load(tmp + k), v16_load(x + k), acc);
-    return v16_hsum(acc);
-}
-
-/* the better of (c, v) and the best so far: the larger exact logit, the first column on a tie; NaN never */
-INLINE void gh_better(int c, float v, int *best, float *best_v) {
-    if (v == v && (*best < 0 || v > *best_v || (v == *best_v && c < *best))) *best = c, *best_v = v;
 }
 
 /* row r's argmax from every thread's candidates: those whose interval reaches the largest lower end,

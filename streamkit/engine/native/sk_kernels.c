@@ -71,6 +71,7 @@
 #include "sk_fma.h"
 #include "sk_gemv.h"
 #include "sk_greedy.h"
+#include "sk_head4.h"
 #if SK_BF16
 #include "sk_bf16.h"
 #endif
@@ -233,6 +234,8 @@ typedef struct {
     int cap_t, cap_r;
     gh_prep gh; /* the greedy head's per-block sums of the head's weights, made at its first use (gh_tried) */
     int gh_tried;
+    h4_head h4; /* the few-row greedy steps' 4-bit copy of the head (sk_head4.h), made at its first use */
+    int h4_tried;
 } sk_model;
 
 /* bit 0: loaded; 1: AMX tiles granted; 2: the bf16 paths compiled in (AVX512_BF16); 3: AVX-512
@@ -279,6 +282,7 @@ SK_API void sk_model_free(sk_model *m) {
     if (!m) return;
     free_scratch(m);
     gh_free(&m->gh);
+    h4_free(&m->h4);
     free(m->layers);
     free(m);
 }
@@ -291,6 +295,8 @@ SK_API void sk_model_set_globals(sk_model *m, int embed_fmt, const uint8_t *embe
     m->head = (sk_w){head_fmt, m->vocab, m->dim, head_qs, head_sc};
     gh_free(&m->gh);
     m->gh_tried = 0;
+    h4_free(&m->h4);
+    m->h4_tried = 0;
     m->out_norm = out_norm; m->rope_cos = rope_cos; m->rope_sin = rope_sin; m->rope_len = rope_len;
 }
 
@@ -575,8 +581,24 @@ static int argmax_row(const float *x, int n) {
     return best_chunk; /* NaN logits: no value compares equal */
 }
 
-/* the head's rows into f->tokens: each row's first largest logit. The greedy head (sk_greedy.h)
- * where the head's format and the row count take it, else every logit and a scan. */
+/* each of R rows' token by the head's 4-bit copy (sk_head4.h): its logits into `logits` [R][n]
+ * (scratch) through the matmuls' usual dispatch, then each row's kept columns exactly */
+static void head4_team(const sk_w *head, const h4_head *h, int R, const float *x, int ldx, float *logits, int amr,
+                       int i8, int i8_two, int gemv, uint32_t *xb, int32_t *tokens, sk_team *t) {
+    const int V = head->n;
+    int a, b;
+    matmul_team(&h->w, R, x, ldx, logits, V, 0, amr, i8, i8_two, gemv, xb, t);
+    float *tmp = strip_buffer((size_t)head->k * 4);
+    team_span(t, R, &a, &b);
+    for (int r = a; r < b; r++) {
+        const int tok = h4_pick(head, h, logits + (size_t)r * V, x + (size_t)r * ldx, tmp);
+        tokens[r] = tok < 0 ? 0 : tok;
+    }
+}
+
+/* the head's rows into f->tokens: each row's first largest logit. The greedy head (sk_greedy.h) or
+ * the 4-bit copy (sk_head4.h) where the head's format and the row count take them, else every
+ * logit and a scan. */
 static void head_argmax(const forward_args *f, int amr, int i8, int i8_two, int gemv, sk_team *t) {
     sk_model *m = f->m;
     const int R = f->R, D = m->dim, V = m->vocab;
@@ -587,6 +609,10 @@ static void head_argmax(const forward_args *f, int amr, int i8, int i8_two, int 
         return;
     }
 #endif
+    if (m->h4.w.qs && R < SK_GREEDY_MIN_ROWS) {
+        head4_team(&m->head, &m->h4, R, m->lx, D, f->logits, amr, i8, i8_two, gemv, m->xb, f->tokens, t);
+        return;
+    }
     matmul_team(&m->head, R, m->lx, D, f->logits, V, 0, amr, i8, i8_two, gemv, m->xb, t);
     team_span(t, R, &a, &b);
     for (int r = a; r < b; r++) f->tokens[r] = argmax_row(f->logits + (size_t)r * V, V);
@@ -653,6 +679,10 @@ static int forward_rows(sk_model *m, int T, const int32_t *ids, const int32_t *p
     if (tokens && R >= SK_GREEDY_MIN_ROWS && !m->gh_tried) { /* 8 bytes a block: made for models that use it */
         m->gh = gh_prepare(&m->head);
         m->gh_tried = 1;
+    }
+    if (tokens && R < SK_GREEDY_MIN_ROWS && !m->h4_tried) { /* 24 bytes a block of 32 more */
+        m->h4 = h4_prepare(&m->head);
+        m->h4_tried = 1;
     }
     if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
     forward_args f = {m, T, R, nb_stride, bf16_min_rows, i8_min_rows, i8_mask,
@@ -788,6 +818,45 @@ SK_API int sk_greedy_head(int fmt, const uint8_t *qs, const float *sc, int N, in
     }
     gh_free(&gh);
     free(a.scratch); free(a.xb);
+    return rc;
+}
+
+typedef struct {
+    sk_w head;
+    const h4_head *h;
+    int M, i8_min_rows, i8_two, gemv;
+    const float *x;
+    float *logits;
+    uint32_t *xb;
+    int32_t *tokens;
+} head4_args;
+
+static void head4_job(void *p, sk_team *t) {
+    const head4_args *a = p;
+    head4_team(&a->head, a->h, a->M, a->x, a->head.k, a->logits, 0, a->i8_min_rows, a->i8_two, a->gemv, a->xb,
+               a->tokens, t);
+}
+
+/* each row's argmax of x [M][K] . W^T by the head's 4-bit copy (sk_head4.h), its matmul dispatched
+ * as sk_matmul's by i8_min_rows and i8_mask (no bf16). Returns 0; -1 when memory could not be
+ * allocated, -4 where W's format is not Q8_0. */
+SK_API int sk_head4_argmax(int fmt, const uint8_t *qs, const float *sc, int N, int K, int M, const float *x,
+                           int32_t *tokens, int i8_min_rows, int i8_mask, int nt) {
+    head4_args a = {{fmt, N, K, qs, sc}, NULL, M, i8_min_rows, (i8_mask & 32) != 0, (i8_mask & SK_GEMV) != 0,
+                    x, NULL, NULL, tokens};
+    if (!h4_format(&a.head)) return -4;
+    h4_head h = h4_prepare(&a.head);
+    a.h = &h;
+    a.logits = malloc((size_t)M * N * 4);
+    a.xb = aligned_alloc(64, xb_elems(M, K) * 4);
+    int rc = -1;
+    if (h.w.qs && a.logits && a.xb) {
+        if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        pool_run(head4_job, &a, nt);
+        rc = 0;
+    }
+    h4_free(&h);
+    free(a.logits); free(a.xb);
     return rc;
 }
 

@@ -24,6 +24,14 @@ class PackedWeight:
         return self.qs.nbytes + self.sc.nbytes
 
 
+def greedy_head_bytes(head: PackedWeight) -> int:
+    """What a greedy step of few rows reads of the LM head: a Q8_0 head's 4-bit copy (Q4_1, 24 bytes
+    a block of 32; sk_head4.h's h4_format says which heads have one), else the head."""
+    if head.fmt == FORMATS["Q8_0"] and head.n % 16 == 0 and head.k % BLOCK == 0:
+        return head.n * (head.k // BLOCK) * 24
+    return head.nbytes
+
+
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
 
