@@ -275,6 +275,25 @@ def _q8_head(rng, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return raw, dequantize(raw, QT.Q8_0).reshape(n, k).astype(np.float64)
 
 
+def _negated(raw: np.ndarray, n: int, k: int) -> np.ndarray:
+    """The same Q8_0 weights stored as -d and -q (a file may store d < 0)."""
+    neg = raw.copy().reshape(n, k // 32, 34)
+    neg[:, :, 1] ^= 0x80  # the sign of the float16 d (little-endian: its high byte)
+    neg[:, :, 2:] = (-neg[:, :, 2:].view(np.int8)).view(np.uint8)
+    return neg.reshape(n, -1)
+
+
+def _head_and_odd_rows(seed: int, rows: int, nan_row: int, zero_row: int):
+    """A random Q8_0 head (16 x 29 columns of 576) packed, its weights in float64, and `rows` random
+    rows of which one is all NaN and one all zero."""
+    rng = np.random.default_rng(seed)
+    raw, wd = _q8_head(rng, 16 * 29, 576)
+    x = torch.from_numpy(rng.standard_normal((rows, 576)).astype(np.float32))
+    x[nan_row] = float("nan")
+    x[zero_row] = 0.0
+    return rng, pack("Q8_0", raw), wd, x
+
+
 def _near_ties(x: np.ndarray, wd: np.ndarray, rng) -> np.ndarray:
     """x (float32) moved so that each row's two largest logits differ by 1e-4 of its largest |logit|,
     either way round: far less than a one-int8-term approximation's error, far more than fp32's."""
@@ -320,12 +339,10 @@ def test_greedy_head_finds_the_largest_logit_where_its_approximation_cannot(rows
     tied = raw.copy()
     tied[0] = raw[top]
     assert _greedy_head(pack("Q8_0", tied), xt, isa)[0] == 0
-    # the same weights stored as -d and -q (a file may store d < 0): the same tokens
-    neg = raw.copy().reshape(n, k // 32, 34)
-    neg[:, :, 1] ^= 0x80  # the sign of the float16 d (little-endian: its high byte)
-    neg[:, :, 2:] = (-neg[:, :, 2:].view(np.int8)).view(np.uint8)
-    assert np.array_equal(dequantize(neg.reshape(n, -1), QT.Q8_0).reshape(n, k), wd)
-    assert _greedy_head(pack("Q8_0", neg.reshape(n, -1)), xt, isa) == exact.argmax(-1).tolist()
+    # the same weights stored as -d and -q: the same tokens
+    neg = _negated(raw, n, k)
+    assert np.array_equal(dequantize(neg, QT.Q8_0).reshape(n, k), wd)
+    assert _greedy_head(pack("Q8_0", neg), xt, isa) == exact.argmax(-1).tolist()
 
 
 def test_greedy_head_rows_and_threads_are_independent(isa):
@@ -333,12 +350,7 @@ def test_greedy_head_rows_and_threads_are_independent(isa):
     columns (3 and 7 threads on 2 CPUs, so shares are taken over mid-way); a row of NaNs gets token 0
     and an all-zero row (every logit tied, more candidates than a thread keeps) its first column."""
     _needs_greedy_head(isa)
-    rng = np.random.default_rng(5)
-    raw, _ = _q8_head(rng, 16 * 29, 576)
-    w = pack("Q8_0", raw)
-    x = torch.from_numpy(rng.standard_normal((16, 576)).astype(np.float32))
-    x[3] = float("nan")
-    x[11] = 0.0
+    _, w, _, x = _head_and_odd_rows(5, 16, nan_row=3, zero_row=11)
     alone = [_greedy_head(w, torch.cat([x[i:i + 1]] * 8), isa)[0] for i in range(16)]
     assert alone[3] == 0 and alone[11] == 0
     for threads in (1, 2, 3, 7):
@@ -404,23 +416,14 @@ def test_head4_finds_the_largest_logit_its_copy_misses(rows, isa):
     tied = raw.copy()
     tied[0] = raw[top]
     assert _head4(pack("Q8_0", tied), xt[:rows], isa)[0] == 0
-    neg = raw.copy().reshape(n, k // 32, 34)
-    neg[:, :, 1] ^= 0x80
-    neg[:, :, 2:] = (-neg[:, :, 2:].view(np.int8)).view(np.uint8)
-    assert np.array_equal(dequantize(neg.reshape(n, -1), QT.Q8_0).reshape(n, k), wd)
-    assert tokens(pack("Q8_0", neg.reshape(n, -1))) == exact.argmax(-1).tolist()
+    assert tokens(pack("Q8_0", _negated(raw, n, k))) == exact.argmax(-1).tolist()
 
 
 def test_head4_rows_and_threads_are_independent(isa):
     """A row's token is its own whatever the other rows and the thread count; a row of NaNs gets
     token 0 and an all-zero row (every logit tied, every column computed) its first column; a
     format other than Q8_0 is refused."""
-    rng = np.random.default_rng(6)
-    raw, wd = _q8_head(rng, 16 * 29, 576)
-    w = pack("Q8_0", raw)
-    x = torch.from_numpy(rng.standard_normal((4, 576)).astype(np.float32))
-    x[1] = float("nan")
-    x[2] = 0.0
+    rng, w, wd, x = _head_and_odd_rows(6, 4, nan_row=1, zero_row=2)
     alone = [_head4(w, x[i:i + 1], isa)[0] for i in range(4)]
     assert alone[1] == 0 and alone[2] == 0
     assert [alone[0], alone[3]] == (x[[0, 3]].double().numpy() @ wd.T).argmax(-1).tolist()
