@@ -524,7 +524,7 @@ INLINE __m256i dot256_4bit_pair(__m256i u0, __m256i x0, __m256i u1, __m256i x1) 
 
 /* Each row sums into GEMV_ACC registers: a single register made the loop one chain of FMA
  * latencies, which bounded the avx2 path's batch-1 step (Q8_0: 4 FMAs of 4 cycles per 64 weights).
- * Block pairs alternate between slot 0 and 1 (Q8_0, one FMA a block: 0-1 and 2-3); the AVX-512
+ * Block pairs alternate between slot 0 and 1 (Q8_0, one FMA a block: 0-1 and 2-3; gemv_pairs); the AVX-512
  * loop's 4 blocks an iteration take slot 0 (Q8_0: 0-1) of its own registers. */
 #define GEMV_ACC 4
 
@@ -535,46 +535,57 @@ INLINE __m256i term2(__m256i first, __m256i second) { return _mm256_add_epi32(_m
 INLINE __m512i term2_512(__m512i first, __m512i second) { return _mm512_add_epi32(_mm512_slli_epi32(first, 8), second); }
 #endif
 
-/* two blocks from b of column n, 256 bits wide: f[r][] += the products, o[r] += the offsets */
-INLINE void gemv_pair(int fmt, int MR, int NT, const sk_w *w, int n, int b, const uint8_t *xb, __m256 (*f)[GEMV_ACC],
-                      __m128 *o, int slot) {
+/* `pairs` (1 or 2, a constant) pairs of blocks from b of column n, 256 bits wide: f[r][] += the
+ * products, o[r] += the offsets. Two pairs share one load and conversion of their scales, one scaling
+ * of the activations' scales and one offset FMA a row; pair p sums into slot p (Q8_0: 2p, 2p + 1). */
+INLINE void gemv_pairs(int fmt, int MR, int NT, const sk_w *w, int n, int b, const uint8_t *xb,
+                       __m256 (*f)[GEMV_ACC], __m128 *o, int pairs) {
     const int K = w->k, NB = K / 32;
     const size_t gb = (size_t)n * NB + b, stride = gemv_b_stride(K);
     __m128 s0, s1;
-    block_scales(fmt, w, gb, 2, &s0, &s1);
-    __m256i u[2], sg[2];
-    if (fmt == SK_Q8_0) {
-        for (int j = 0; j < 2; j++) {
-            sg[j] = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * (gb + j)));
-            u[j] = _mm256_abs_epi8(sg[j]);
+    block_scales(fmt, w, gb, 2 * pairs, &s0, &s1);
+    __m256i u[2][2], sg[2][2];
+#pragma GCC unroll 2
+    for (int p = 0; p < pairs; p++) {
+        if (fmt == SK_Q8_0) {
+            for (int j = 0; j < 2; j++) {
+                sg[p][j] = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * (gb + 2 * p + j)));
+                u[p][j] = _mm256_abs_epi8(sg[p][j]);
+            }
+        } else {
+            const __m256i m4 = _mm256_set1_epi8(0x0F);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w->qs + 16 * (gb + 2 * p)));
+            u[p][0] = _mm256_and_si256(v, m4);
+            u[p][1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         }
-    } else {
-        const __m256i m4 = _mm256_set1_epi8(0x0F), v = _mm256_loadu_si256((const __m256i *)(w->qs + 16 * gb));
-        u[0] = _mm256_and_si256(v, m4);
-        u[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
     }
     for (int r = 0; r < MR; r++) {
-        const uint8_t *p = xb + (size_t)r * stride;
-        const float *dx = (const float *)(p + 2 * (size_t)K), *sx = dx + 2 * NB;
-        const int8_t *xq = (const int8_t *)p + 32 * b;
+        const uint8_t *row = xb + (size_t)r * stride;
+        const float *dx = (const float *)(row + 2 * (size_t)K), *sx = dx + 2 * NB;
         /* with two terms, (sum1 << 8) + sum2 counts steps of the second term's scale (term2) */
-        const __m256 S = _mm256_castps128_ps256(_mm_mul_ps(s0, load_n(dx + (NT - 1) * NB + b, 2)));
-        if (fmt == SK_Q8_0) { /* natural order: one block a register */
-            for (int j = 0; j < 2; j++) {
-                const __m256i *x = (const __m256i *)(xq + 32 * j), *x2 = (const __m256i *)(xq + K + 32 * j);
-                const __m256i z = _mm256_setzero_si256();
-                __m256i i = dot256(z, u[j], _mm256_sign_epi8(_mm256_loadu_si256(x), sg[j]));
-                if (NT == 2) i = term2(i, dot256(z, u[j], _mm256_sign_epi8(_mm256_loadu_si256(x2), sg[j])));
-                const __m256 Sj = _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(j));
-                f[r][2 * slot + j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), Sj, f[r][2 * slot + j]);
+        const __m256 S = _mm256_castps128_ps256(_mm_mul_ps(s0, load_n(dx + (NT - 1) * NB + b, 2 * pairs)));
+#pragma GCC unroll 2
+        for (int p = 0; p < pairs; p++) {
+            const int8_t *xq = (const int8_t *)row + 32 * (b + 2 * p);
+            if (fmt == SK_Q8_0) { /* natural order: one block a register */
+                for (int j = 0; j < 2; j++) {
+                    const __m256i *x = (const __m256i *)(xq + 32 * j), *x2 = (const __m256i *)(xq + K + 32 * j);
+                    const __m256i z = _mm256_setzero_si256();
+                    __m256i i = dot256(z, u[p][j], _mm256_sign_epi8(_mm256_loadu_si256(x), sg[p][j]));
+                    if (NT == 2) i = term2(i, dot256(z, u[p][j], _mm256_sign_epi8(_mm256_loadu_si256(x2), sg[p][j])));
+                    const __m256 Sj = _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(2 * p + j));
+                    f[r][2 * p + j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), Sj, f[r][2 * p + j]);
+                }
+            } else { /* group order: each register holds 16 values of both blocks, 4 lanes each */
+                const __m256i *x = (const __m256i *)xq, *x2 = (const __m256i *)(xq + K);
+                __m256i i = dot256_4bit_pair(u[p][0], _mm256_loadu_si256(x), u[p][1], _mm256_loadu_si256(x + 1));
+                if (NT == 2)
+                    i = term2(i, dot256_4bit_pair(u[p][0], _mm256_loadu_si256(x2), u[p][1], _mm256_loadu_si256(x2 + 1)));
+                f[r][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(S, lanes4(2 * p, 2 * p + 1)),
+                                          f[r][p]);
             }
-        } else { /* group order: each register holds 16 values of both blocks, 4 lanes each */
-            const __m256i *x = (const __m256i *)xq, *x2 = (const __m256i *)(xq + K);
-            __m256i i = dot256_4bit_pair(u[0], _mm256_loadu_si256(x), u[1], _mm256_loadu_si256(x + 1));
-            if (NT == 2) i = term2(i, dot256_4bit_pair(u[0], _mm256_loadu_si256(x2), u[1], _mm256_loadu_si256(x2 + 1)));
-            f[r][slot] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_permutevar8x32_ps(S, lanes4(0, 1)), f[r][slot]);
         }
-        o[r] = _mm_fmadd_ps(s1, load_n(sx + b, 2), o[r]);
+        o[r] = _mm_fmadd_ps(s1, load_n(sx + b, 2 * pairs), o[r]);
     }
 }
 
@@ -651,11 +662,9 @@ INLINE void gemv_block_col(int fmt, int MR, int NT, const sk_w *w, int n, const 
         }
     }
 #endif
-    for (; b + 4 <= NB; b += 4) { /* two FMA chains a row: one iteration's latency was the avx2 bound */
-        gemv_pair(fmt, MR, NT, w, n, b, xb, f, o, 0);
-        gemv_pair(fmt, MR, NT, w, n, b + 2, xb, f, o, 1);
-    }
-    for (; b < NB; b += 2) gemv_pair(fmt, MR, NT, w, n, b, xb, f, o, 0);
+    /* two FMA chains a row (one iteration's latency was the avx2 bound) */
+    for (; b + 4 <= NB; b += 4) gemv_pairs(fmt, MR, NT, w, n, b, xb, f, o, 2);
+    for (; b < NB; b += 2) gemv_pairs(fmt, MR, NT, w, n, b, xb, f, o, 1);
     for (int r = 0; r < MR; r++) {
         float sum = sum8(_mm256_add_ps(_mm256_add_ps(f[r][0], f[r][1]), _mm256_add_ps(f[r][2], f[r][3]))) + sum4(o[r]);
 #ifdef __AVX512F__
