@@ -151,7 +151,7 @@ def test_fma_matmul_every_format_accumulates(kind, rows, isa):
 def test_bf16_matmul_is_bf16_close(raw_model, rows, isa):
     bound = _bf16(isa)
     torch.manual_seed(rows)
-    w = stack([pack(*raw_model.blocks["blk.1.ffn_gate.weight"]), pack(*raw_model.blocks["blk.1.ffn_up.weight"])])
+    (w,) = stack([pack(*raw_model.blocks["blk.1.ffn_gate.weight"]), pack(*raw_model.blocks["blk.1.ffn_up.weight"])])
     x = torch.randn(rows, w.k)
     ref = x @ torch.from_numpy(native_dequantize(w)).T
     got = _matmul(w, x, 6, isa=isa, int8_mask=INT8_TWO_TERMS)

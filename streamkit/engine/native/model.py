@@ -68,6 +68,8 @@ def _raise_for(rc: int) -> None:
     """The error of a native forward's return code (0: none)."""
     if rc == -2:
         raise ValueError("token id or position out of range for this model")
+    if rc == -4:
+        raise RuntimeError("the native model's fused QKV or gate+up lacks parts (sk_model_add_part)")
     if rc != 0:
         raise MemoryError("native forward could not allocate its scratch buffers")
 
@@ -112,7 +114,6 @@ class NativeLlamaModel:
         use_gemv = weights == "native" and os.environ.get("STREAMKIT_NATIVE_GEMV", "1") != "0"
         self.int8_mask = INT8_ALL | (INT8_TWO_TERMS if terms != 1 else 0) | (INT8_GEMV if use_gemv else 0)
         B, T = gm.blocks, gm.tensors
-        exact = weights == "native-fp32"
 
         def w(name: str) -> PackedWeight:
             return pack(*B[name])
@@ -140,9 +141,9 @@ class NativeLlamaModel:
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             layer = (vec(p + "attn_norm.weight"), vec(p + "ffn_norm.weight"),
-                     stack([w(p + "attn_q.weight"), w(p + "attn_k.weight"), w(p + "attn_v.weight")], exact),
+                     stack([w(p + "attn_q.weight"), w(p + "attn_k.weight"), w(p + "attn_v.weight")]),
                      w(p + "attn_output.weight"),
-                     stack([w(p + "ffn_gate.weight"), w(p + "ffn_up.weight")], exact),
+                     stack([w(p + "ffn_gate.weight"), w(p + "ffn_up.weight")]),
                      w(p + "ffn_down.weight"))
             if cfg.qkv_bias:
                 bias = np.concatenate([vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")])
@@ -150,8 +151,12 @@ class NativeLlamaModel:
                 lib.sk_model_set_qkv_bias(self._m, i, P(bias))
             self._layers.append(layer)  # the C side points into these arrays: keep them alive
             an, fn, qkv, o, gu, down = layer
-            lib.sk_model_set_layer(self._m, i, P(an), P(fn), qkv.fmt, P(qkv.qs), P(qkv.sc), o.fmt, P(o.qs), P(o.sc),
-                                   gu.fmt, P(gu.qs), P(gu.sc), down.fmt, P(down.qs), P(down.sc))
+            lib.sk_model_set_layer(self._m, i, P(an), P(fn), o.fmt, P(o.qs), P(o.sc), down.fmt, P(down.qs), P(down.sc))
+            for which, parts in enumerate((qkv, gu)):
+                for part in parts:
+                    if lib.sk_model_add_part(self._m, i, which, part.fmt, part.n, P(part.qs), P(part.sc)):
+                        raise NotImplementedError(f"the native kernels do not support layer {i}'s "
+                                                  f"{('QKV', 'gate+up')[which]} parts {[(q.fmt, q.n) for q in parts]}")
         self._kv_cache = None
         # True (set by EngineCore, which samples before the next step): forward returns a view of one
         # reused buffer, valid until the next forward; a fresh [64, 49152] tensor per step cost page
@@ -197,7 +202,8 @@ class NativeLlamaModel:
         return greedy_head_bytes(self._head) + self._layer_bytes()
 
     def _layer_bytes(self) -> int:
-        return sum(qkv.nbytes + o.nbytes + gu.nbytes + down.nbytes for _an, _fn, qkv, o, gu, down in self._layers)
+        return sum(sum(p.nbytes for p in qkv + gu) + o.nbytes + down.nbytes
+                   for _an, _fn, qkv, o, gu, down in self._layers)
 
     # ------------------------------------------------------------------ forward
     def _tables(self, b: StepBatch) -> tuple[np.ndarray, np.ndarray]:

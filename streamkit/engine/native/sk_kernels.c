@@ -209,9 +209,19 @@ static void rope(float *v, int n_heads, int hd, const float *cs, const float *sn
 
 /* ------------------------------------------------------------------ model */
 
+/* a fused matrix (QKV, gate+up) as runs of rows in one format each, stacked: the output columns of
+ * part i follow those of part i - 1. One part unless the file stores its pieces in different
+ * formats (a Q4_K_M file's Q4_K q/k and Q6_K v), which are kept as stored rather than re-quantized. */
+#define SK_MAX_PARTS 3
+typedef struct {
+    sk_w w[SK_MAX_PARTS];
+    int n_parts, rows; /* rows: what the parts must add up to */
+} sk_parts;
+
 typedef struct {
     const float *attn_norm, *ffn_norm;
-    sk_w qkv, o, gu, down;
+    sk_parts qkv, gu;
+    sk_w o, down;
     const float *qkv_bias; /* NULL, or [(n_heads + 2 n_kv) head_dim] added after the QKV matmul (qwen2) */
 } sk_layer;
 
@@ -300,18 +310,34 @@ SK_API void sk_model_set_globals(sk_model *m, int embed_fmt, const uint8_t *embe
     m->out_norm = out_norm; m->rope_cos = rope_cos; m->rope_sin = rope_sin; m->rope_len = rope_len;
 }
 
-/* qkv: the q, k and v rows stacked (one matmul); gu: gate rows then up rows */
-SK_API void sk_model_set_layer(sk_model *m, int i, const float *attn_norm, const float *ffn_norm, int qkv_fmt,
-                               const uint8_t *qkv_qs, const float *qkv_sc, int o_fmt, const uint8_t *o_qs,
-                               const float *o_sc, int gu_fmt, const uint8_t *gu_qs, const float *gu_sc, int down_fmt,
-                               const uint8_t *down_qs, const float *down_sc) {
-    const int hd = m->head_dim, qkv_n = (m->n_heads + 2 * m->n_kv) * hd;
+/* a layer's norms and single matrices; its fused QKV and gate+up come part by part (sk_model_add_part) */
+SK_API void sk_model_set_layer(sk_model *m, int i, const float *attn_norm, const float *ffn_norm, int o_fmt,
+                               const uint8_t *o_qs, const float *o_sc, int down_fmt, const uint8_t *down_qs,
+                               const float *down_sc) {
+    const int hd = m->head_dim;
     sk_layer *L = &m->layers[i];
     L->attn_norm = attn_norm; L->ffn_norm = ffn_norm;
-    L->qkv = (sk_w){qkv_fmt, qkv_n, m->dim, qkv_qs, qkv_sc};
+    L->qkv = (sk_parts){.rows = (m->n_heads + 2 * m->n_kv) * hd};
+    L->gu = (sk_parts){.rows = 2 * m->ffn};
     L->o = (sk_w){o_fmt, m->dim, m->n_heads * hd, o_qs, o_sc};
-    L->gu = (sk_w){gu_fmt, 2 * m->ffn, m->dim, gu_qs, gu_sc};
     L->down = (sk_w){down_fmt, m->dim, m->ffn, down_qs, down_sc};
+}
+
+/* The next n rows of layer i's fused QKV (which 0: q rows, then k, then v) or gate+up (which 1: gate
+ * rows, then up). Returns -1 for a fourth part, rows past the matrix's or n not a multiple of 16. */
+SK_API int sk_model_add_part(sk_model *m, int i, int which, int fmt, int n, const uint8_t *qs, const float *sc) {
+    sk_parts *p = which ? &m->layers[i].gu : &m->layers[i].qkv;
+    int used = 0;
+    for (int j = 0; j < p->n_parts; j++) used += p->w[j].n;
+    if (p->n_parts == SK_MAX_PARTS || n <= 0 || n % 16 || used + n > p->rows) return -1;
+    p->w[p->n_parts++] = (sk_w){fmt, n, m->dim, qs, sc};
+    return 0;
+}
+
+static int parts_complete(const sk_parts *p) {
+    int used = 0;
+    for (int j = 0; j < p->n_parts; j++) used += p->w[j].n;
+    return used == p->rows;
 }
 
 SK_API void sk_model_set_qkv_bias(sk_model *m, int i, const float *bias) { m->layers[i].qkv_bias = bias; }
@@ -618,6 +644,13 @@ static void head_argmax(const forward_args *f, int amr, int i8, int i8_two, int 
     for (int r = a; r < b; r++) f->tokens[r] = argmax_row(f->logits + (size_t)r * V, V);
 }
 
+/* y [M][ldy] = x . W^T for a fused matrix, one matmul_team a part */
+static void matmul_parts(const sk_parts *p, int M, const float *x, int ldx, float *y, int ldy, int bf16_min_rows,
+                         int i8_min_rows, int i8_two, int gemv, uint32_t *xb, sk_team *t) {
+    for (int j = 0, c = 0; j < p->n_parts; c += p->w[j].n, j++)
+        matmul_team(&p->w[j], M, x, ldx, y + c, ldy, 0, bf16_min_rows, i8_min_rows, i8_two, gemv, xb, t);
+}
+
 static void forward_job(void *p, sk_team *t) {
     const forward_args *f = p;
 #define I8(bit) ((f->i8_mask & (bit)) ? f->i8_min_rows : 0) /* the int8 threshold of one matmul */
@@ -635,7 +668,7 @@ static void forward_job(void *p, sk_team *t) {
         const sk_layer *L = &m->layers[l];
         norm_rows(m, m->x, L->attn_norm, T, m->h, t);
         team_barrier(t);
-        matmul_team(&L->qkv, T, m->h, D, m->qkv, QKV, 0, amr, I8(1), I8_TWO, GEMV, m->xb, t);
+        matmul_parts(&L->qkv, T, m->h, D, m->qkv, QKV, amr, I8(1), I8_TWO, GEMV, m->xb, t);
         rope_write_kv(f, L, l, T, t);
         team_barrier(t);
         attend_rows(f, l, T, t);
@@ -643,7 +676,7 @@ static void forward_job(void *p, sk_team *t) {
         matmul_team(&L->o, T, m->att, A, m->x, D, 1, amr, I8(2), I8_TWO, GEMV, m->xb, t);
         norm_rows(m, m->x, L->ffn_norm, T, m->h, t);
         team_barrier(t);
-        matmul_team(&L->gu, T, m->h, D, m->gu, 2 * F, 0, amr, I8(4), I8_TWO, GEMV, m->xb, t);
+        matmul_parts(&L->gu, T, m->h, D, m->gu, 2 * F, amr, I8(4), I8_TWO, GEMV, m->xb, t);
         silu_rows(m, T, t);
         team_barrier(t);
         matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), I8_TWO, GEMV, m->xb, t);
@@ -667,7 +700,8 @@ static void forward_job(void *p, sk_team *t) {
  * on nt threads (0: all CPUs). Matmuls of at least bf16_min_rows rows run in bf16 (0: never), of at
  * least i8_min_rows in int8 where i8_mask has their bit (1 qkv, 2 o, 4 gate/up, 8 down, 16 LM head;
  * 32: activations as two int8 terms; 64: steps of few rows in int8 where sk_gemv.h takes them).
- * Returns 0; -1 when scratch memory could not be allocated, -2 for a token id or position out of range. */
+ * Returns 0; -1 when scratch memory could not be allocated, -2 for a token id or position out of range,
+ * -4 when a layer's fused matrices lack parts (sk_model_add_part). */
 static int forward_rows(sk_model *m, int T, const int32_t *ids, const int32_t *pos, const int64_t *slots,
                         const int32_t *tok_seq, const int32_t *tables, int nb_stride, int R, const int32_t *logit_rows,
                         float *logits, int32_t *tokens, int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
@@ -675,6 +709,8 @@ static int forward_rows(sk_model *m, int T, const int32_t *ids, const int32_t *p
         if (ids[t] < 0 || ids[t] >= m->vocab || pos[t] < 0 || pos[t] >= m->rope_len) return -2;
     for (int r = 0; r < R; r++)
         if (logit_rows[r] < 0 || logit_rows[r] >= T) return -2;
+    for (int l = 0; l < m->n_layers; l++)
+        if (!parts_complete(&m->layers[l].qkv) || !parts_complete(&m->layers[l].gu)) return -4;
     if (ensure_scratch(m, T, R)) return -1;
     if (tokens && R >= SK_GREEDY_MIN_ROWS && !m->gh_tried) { /* 8 bytes a block: made for models that use it */
         m->gh = gh_prepare(&m->head);

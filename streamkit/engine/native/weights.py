@@ -156,16 +156,15 @@ def dequantize(w: PackedWeight, isa: str | None = None) -> np.ndarray:
     return out
 
 
-def stack(ws: list[PackedWeight], exact: bool = True) -> PackedWeight:
-    """Row-wise concatenation (fused QKV, gate+up). Mixed formats become F32 (exact), or with
-    exact=False Q8_0 (a Q4_K_M file's Q4_K q/k with a Q6_K v: 4x fewer bytes a step than F32)."""
-    if len({w.fmt for w in ws}) == 1:
-        return PackedWeight(ws[0].fmt, sum(w.n for w in ws), ws[0].k, np.concatenate([w.qs for w in ws]),
-                            np.concatenate([w.sc for w in ws]))
-    full = np.concatenate([dequantize(w) for w in ws])
-    if exact:
-        return pack("F32", full)
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
-
-    return pack("Q8_0", quantize(full, GGMLQuantizationType.Q8_0))
+def stack(ws: list[PackedWeight]) -> list[PackedWeight]:
+    """Row-wise concatenation (fused QKV, gate+up) of each run of consecutive parts in one format: one
+    matrix where every part shares it, else one a run (a Q4_K_M file's Q4_K q/k, then its Q6_K v),
+    each still in its own format, so that nothing is re-quantized."""
+    runs: list[list[PackedWeight]] = []
+    for w in ws:
+        if runs and runs[-1][0].fmt == w.fmt and runs[-1][0].k == w.k:
+            runs[-1].append(w)
+        else:
+            runs.append([w])
+    return [PackedWeight(r[0].fmt, sum(w.n for w in r), r[0].k, np.concatenate([w.qs for w in r]),
+                         np.concatenate([w.sc for w in r])) if len(r) > 1 else r[0] for r in runs]
