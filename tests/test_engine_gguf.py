@@ -192,20 +192,23 @@ def test_native_k_quant_matmul(kind, rows):
         assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-2
 
 
-@pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
-def test_tiny_qwen2_native_default_is_close_to_fp32(tmp_path):
-    """The default native mode on a file laid out like Q4_K_M: Q4_K with Q6_K attn_v, ffn_down and
-    output (AMX bf16 for the 17-row prefill where present, float16 KV cache). The fused QKV keeps its
+@pytest.mark.parametrize("isa", native.ISAS)
+def test_tiny_qwen2_native_default_is_close_to_fp32(tmp_path, isa):
+    """The default native mode of each instruction-set path on a file laid out like Q4_K_M: Q4_K with
+    Q6_K attn_v, ffn_down and output (the 17-row prefill on the path's batched kernel, the decode
+    step on the few-row one, float16 KV cache). The fused QKV keeps its
     Q4_K q/k and Q6_K v as two parts, as stored (it was re-quantized to Q8_0, whose rounding grew
     through the layers of random weights until this test had to leave such files out)."""
     from streamkit.engine.native import FORMATS
     from streamkit.engine.native.model import NativeLlamaModel
 
+    if not native.available(isa):
+        pytest.skip(f"native {isa} path unavailable here: {native.error(isa)}")
     path = str(tmp_path / "kquants.gguf")
     write_model(path, layer_types=("Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q4_K", "Q6_K"))
     ids = [5, 17, 200, 3, 99, 150, 42, 7, 8, 250, 1, 64, 33, 12, 77, 290, 4, 2]
     ref = _run(LlamaModel(load_gguf(path, progress=False), "cpu", weights="fp32"), ids)
-    model = NativeLlamaModel(load_gguf(path, raw=True, progress=False), "native")
+    model = NativeLlamaModel(load_gguf(path, raw=True, progress=False), "native", isa=isa)
     _an, _fn, qkv, _o, gu, _down = model._layers[0]
     assert [(p.fmt, p.n) for p in qkv] == [(FORMATS["Q4_K"], 256 + 128), (FORMATS["Q6_K"], 128)]
     assert [(p.fmt, p.n) for p in gu] == [(FORMATS["Q4_K"], 2 * 512)]
