@@ -196,9 +196,9 @@ def test_native_k_quant_matmul(kind, rows):
 def test_tiny_qwen2_native_default_is_close_to_fp32(tmp_path, isa):
     """The default native mode of each instruction-set path on a file laid out like Q4_K_M: Q4_K with
     Q6_K attn_v, ffn_down and output (the 17-row prefill on the path's batched kernel, the decode
-    step on the few-row one, float16 KV cache). The fused QKV keeps its
-    Q4_K q/k and Q6_K v as two parts, as stored (it was re-quantized to Q8_0, whose rounding grew
-    through the layers of random weights until this test had to leave such files out)."""
+    step on the few-row one, float16 KV cache). The fused QKV keeps its Q4_K q/k and Q6_K v as two
+    parts, as stored (it was re-quantized to Q8_0, whose rounding grew through the layers of random
+    weights until this test had to leave such files out)."""
     from streamkit.engine.native import FORMATS
     from streamkit.engine.native.model import NativeLlamaModel
 
@@ -214,6 +214,24 @@ def test_tiny_qwen2_native_default_is_close_to_fp32(tmp_path, isa):
     assert [(p.fmt, p.n) for p in gu] == [(FORMATS["Q4_K"], 2 * 512)]
     mine = _run(model, ids)
     assert ((mine - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+@pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
+def test_native_fused_matrix_parts_must_add_up(tmp_path):
+    """A part past a fused matrix's rows is refused, and a forward of a layer whose parts are
+    missing raises instead of reading what was never set."""
+    from streamkit.engine.native.model import NativeLlamaModel
+
+    path = str(tmp_path / "kquants.gguf")
+    write_model(path, layer_types=("Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q4_K", "Q6_K"))
+    model = NativeLlamaModel(load_gguf(path, raw=True, progress=False), "native")
+    lib, m, P = model._lib, model._m, native.ptr
+    an, fn, (qk, v), o, gu, down = model._layers[0]
+    assert lib.sk_model_add_part(m, 0, 0, v.fmt, v.n, P(v.qs), P(v.sc)) == -1  # QKV is whole already
+    lib.sk_model_set_layer(m, 0, P(an), P(fn), o.fmt, P(o.qs), P(o.sc), down.fmt, P(down.qs), P(down.sc))
+    assert lib.sk_model_add_part(m, 0, 0, qk.fmt, qk.n, P(qk.qs), P(qk.sc)) == 0
+    with pytest.raises(RuntimeError, match="lacks parts"):
+        _run(model, [5, 17, 200])
 
 
 @pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")

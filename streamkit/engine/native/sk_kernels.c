@@ -323,21 +323,19 @@ SK_API void sk_model_set_layer(sk_model *m, int i, const float *attn_norm, const
     L->down = (sk_w){down_fmt, m->dim, m->ffn, down_qs, down_sc};
 }
 
+static int parts_rows(const sk_parts *p) {
+    int rows = 0;
+    for (int j = 0; j < p->n_parts; j++) rows += p->w[j].n;
+    return rows;
+}
+
 /* The next n rows of layer i's fused QKV (which 0: q rows, then k, then v) or gate+up (which 1: gate
  * rows, then up). Returns -1 for a fourth part, rows past the matrix's or n not a multiple of 16. */
 SK_API int sk_model_add_part(sk_model *m, int i, int which, int fmt, int n, const uint8_t *qs, const float *sc) {
     sk_parts *p = which ? &m->layers[i].gu : &m->layers[i].qkv;
-    int used = 0;
-    for (int j = 0; j < p->n_parts; j++) used += p->w[j].n;
-    if (p->n_parts == SK_MAX_PARTS || n <= 0 || n % 16 || used + n > p->rows) return -1;
+    if (p->n_parts == SK_MAX_PARTS || n <= 0 || n % 16 || parts_rows(p) + n > p->rows) return -1;
     p->w[p->n_parts++] = (sk_w){fmt, n, m->dim, qs, sc};
     return 0;
-}
-
-static int parts_complete(const sk_parts *p) {
-    int used = 0;
-    for (int j = 0; j < p->n_parts; j++) used += p->w[j].n;
-    return used == p->rows;
 }
 
 SK_API void sk_model_set_qkv_bias(sk_model *m, int i, const float *bias) { m->layers[i].qkv_bias = bias; }
@@ -709,8 +707,10 @@ static int forward_rows(sk_model *m, int T, const int32_t *ids, const int32_t *p
         if (ids[t] < 0 || ids[t] >= m->vocab || pos[t] < 0 || pos[t] >= m->rope_len) return -2;
     for (int r = 0; r < R; r++)
         if (logit_rows[r] < 0 || logit_rows[r] >= T) return -2;
-    for (int l = 0; l < m->n_layers; l++)
-        if (!parts_complete(&m->layers[l].qkv) || !parts_complete(&m->layers[l].gu)) return -4;
+    for (int l = 0; l < m->n_layers; l++) {
+        const sk_layer *L = &m->layers[l];
+        if (parts_rows(&L->qkv) != L->qkv.rows || parts_rows(&L->gu) != L->gu.rows) return -4;
+    }
     if (ensure_scratch(m, T, R)) return -1;
     if (tokens && R >= SK_GREEDY_MIN_ROWS && !m->gh_tried) { /* 8 bytes a block: made for models that use it */
         m->gh = gh_prepare(&m->head);
