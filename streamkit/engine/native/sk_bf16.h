@@ -13,12 +13,19 @@
 static const uint16_t Q4_ORDER[32] = {0,  2,  4,  6,  8,  10, 12, 14, 1,  3,  5,  7,  9,  11, 13, 15,
                                       16, 18, 20, 22, 24, 26, 28, 30, 17, 19, 21, 23, 25, 27, 29, 31};
 
+/* words 0..15 (half 0) or 16..31 (half 1) of 32 bf16 values, as fp32: one zero-masked vpermw puts
+ * word half * 16 + j in the high half of lane j (instead of extracting, widening and shifting) */
+INLINE __m512 bf16_widen(__m512i v, int half) {
+    const __m512i idx = _mm512_add_epi16(_mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0,
+                                                          5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0),
+                                         _mm512_set1_epi16((short)(16 * half)));
+    return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, v));
+}
+
 /* (a, b) rounded to bf16 pairs as hi = cvtne2ps(b, a) did, and what that rounding left, rounded
  * again: hi + lo carries about 16 bits of each value */
 INLINE __m512i bf16_rest(__m512 a, __m512 b, __m512i hi) {
-    const __m512 ah = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
-    const __m512 bh = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
-    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, bh), _mm512_sub_ps(a, ah));
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, bf16_widen(hi, 1)), _mm512_sub_ps(a, bf16_widen(hi, 0)));
 }
 
 /* x [M][K] fp32 -> bf16 "B" tiles [MT][K/32][16 pair rows][16 rows of x][2], zero padded: tile
@@ -55,53 +62,76 @@ static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t 
     }
 }
 
+/* q4k_scale of the 8 blocks of the super-block that starts at block b: s0 in out[0..7], s1 in out[8..15] */
+INLINE void q4k_scales8(const float *sc, size_t b, float *out) {
+    const float *S = sc + 6 * (b >> 3);
+    const __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(S + 2))));
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(S[0]), _mm512_set1_ps(-S[1])), u));
+}
+
+/* dq_strip's 4-bit blocks, two columns at a time. The 16-entry fp32 tables d*j + m of column c's
+ * and c + 1's block kb are rounded into one 32-entry bf16 table (one conversion for both) and
+ * picked from with vpermw, bit 4 of the index naming the column. The indices come from one
+ * broadcast load of a block's 16 bytes shifted per 128-bit lane by 0, 8, 4, 12 bits: word i of
+ * lane l then holds in its low bits the low (l = 0, 1) or high (l = 2, 3) nibble of byte
+ * 2i + (l & 1), so the values come out in Q4_ORDER, not 0..31 (no cross-lane shuffle to put them
+ * back; x is packed in the same order). With rest, what the rounding left is rounded into a second
+ * table the same way (bf16_rest) and picked with the same indices. Against one column at a time:
+ * the same values, half the conversions, and Q4_K's scales computed a super-block at a time in a
+ * vector (a Q4_K matmul on AMX tiles in two terms, 16 rows: 1.2x). */
+INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t col_step, size_t blk_step,
+                        uint16_t *rest) {
+    const int NB = w->k / 32;
+    const __m512i shifts = _mm512_set_epi64(0x000c000c000c000cLL, 0x000c000c000c000cLL, 0x0004000400040004LL,
+                                            0x0004000400040004LL, 0x0008000800080008LL, 0x0008000800080008LL, 0, 0);
+    const __m512i nib = _mm512_set1_epi16(0x0f), col_b = _mm512_set1_epi16(0x10);
+    const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1);
+    for (int c = 0; c < 16; c += 2) {
+        const size_t ba = (size_t)(n0 + c) * NB; /* column c's first block; c + 1's is NB later */
+        const uint8_t *q = w->qs + ba * 16;
+        uint16_t *dst = buf + c * col_step, *rdst = rest ? rest + c * col_step : NULL;
+        prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 2);
+        float sa[16], sb[16]; /* Q4_K: the scales of a super-block's 8 blocks, then their offsets */
+        for (int kb = 0; kb < NB; kb++, q += 16, dst += blk_step, rdst += rest ? blk_step : 0) {
+            float a0, a1, b0, b1;
+            if (fmt == SK_Q4_K) {
+                if (!(kb & 7)) {
+                    q4k_scales8(w->sc, ba + kb, sa);
+                    q4k_scales8(w->sc, ba + NB + kb, sb);
+                }
+                a0 = sa[kb & 7], a1 = sa[8 + (kb & 7)], b0 = sb[kb & 7], b1 = sb[8 + (kb & 7)];
+            } else {
+                const float *s = w->sc + (ba + kb) * 2;
+                a0 = s[0], a1 = s[1], b0 = s[2 * NB], b1 = s[2 * NB + 1];
+            }
+            const __m512 ta = _mm512_fmadd_ps(_mm512_set1_ps(a0), J, _mm512_set1_ps(a1));
+            const __m512 tb = _mm512_fmadd_ps(_mm512_set1_ps(b0), J, _mm512_set1_ps(b1));
+            const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(tb, ta);
+            const __m512i ia = _mm512_and_si512(
+                _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q)), shifts), nib);
+            const __m512i ib = _mm512_ternarylogic_epi32(
+                _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(q + (size_t)NB * 16))), shifts),
+                nib, col_b, 0xEA); /* (x & nib) | col_b */
+            _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(ia, hi));
+            _mm512_storeu_si512(dst + col_step, _mm512_permutexvar_epi16(ib, hi));
+            if (rest) {
+                const __m512i lo = bf16_rest(ta, tb, hi);
+                _mm512_storeu_si512(rdst, _mm512_permutexvar_epi16(ia, lo));
+                _mm512_storeu_si512(rdst + col_step, _mm512_permutexvar_epi16(ib, lo));
+            }
+        }
+    }
+}
+
 /* 16 weight rows (output columns n0..n0+15) -> bf16 [16][K], the "A" operand of every tile of the
- * strip. 4-bit blocks: the 16-entry table d*j + m is rounded to bf16 once, stored twice (vpermw
- * reads 5 index bits) and picked with vpermw. The indices come from one broadcast load of the
- * block's 16 bytes shifted per 128-bit lane by 0, 8, 4, 12 bits: word i of lane l then holds in
- * its low bits the low (l = 0, 1) or high (l = 2, 3) nibble of byte 2i + (l & 1), so the values
- * come out in Q4_ORDER, not 0..31 (no cross-lane shuffle to put them back; x is packed in the same
- * order). Two port-5 ops a block instead of five. */
+ * strip: 4-bit blocks through dq_strip_q4, the other formats a block at a time (dq_block). */
 INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf, int il, uint16_t *rest) {
     /* rest (NULL: none): what the rounding to bf16 left, rounded again, laid out as buf */
     const int K = w->k, NB = K / 32;
     /* il: block-interleaved, [K/32][16 columns][32] (dp_tile), else [16 columns][K] (AMX tiles) */
     const size_t col_step = il ? 32 : (size_t)K, blk_step = il ? 512 : 32;
     if (fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q4_K) {
-        /* the strip's rows are contiguous in qs, sc and buf: one pass over 16 * NB blocks, with
-         * the pointers in registers (through w they were reloaded every block: buf may alias) */
-        const __m512i shifts = _mm512_set_epi64(0x000c000c000c000cLL, 0x000c000c000c000cLL, 0x0004000400040004LL,
-                                                0x0004000400040004LL, 0x0008000800080008LL, 0x0008000800080008LL, 0, 0);
-        const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1);
-        const uint8_t *q = w->qs + (size_t)n0 * NB * 16;
-        const float *s = w->sc + (fmt == SK_Q4_K ? 0 : (size_t)n0 * NB * 2);
-        size_t b = (size_t)n0 * NB;
-        for (int c = 0; c < 16; c++) {
-            uint16_t *dst = buf + c * col_step, *rdst = rest ? rest + c * col_step : NULL;
-            prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
-#pragma GCC unroll 2
-            for (int kb = 0; kb < NB; kb++, q += 16, dst += blk_step, rdst += rest ? blk_step : 0, b++) {
-                float s0, s1;
-                if (fmt == SK_Q4_K) {
-                    q4k_scale(w->sc, b, &s0, &s1);
-                } else {
-                    s0 = s[0];
-                    s1 = s[1];
-                    s += 2;
-                }
-                const __m512 tbl = _mm512_fmadd_ps(_mm512_set1_ps(s0), J, _mm512_set1_ps(s1));
-                const __m512i t32 = (__m512i)_mm512_cvtne2ps_pbh(tbl, tbl);
-                const __m512i qq = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q));
-                const __m512i idx = _mm512_srlv_epi16(qq, shifts);
-                _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(idx, t32));
-                if (rest) { /* the table's 16 entries (both halves of t32 hold them) */
-                    const __m512 th = _mm512_castsi512_ps(
-                        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(t32)), 16));
-                    const __m512 tr = _mm512_sub_ps(tbl, th);
-                    _mm512_storeu_si512(rdst, _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(tr, tr)));
-                }
-            }
-        }
+        dq_strip_q4(fmt, w, n0, buf, col_step, blk_step, rest);
         return;
     }
     for (int c = 0; c < 16; c++) {
