@@ -62,13 +62,6 @@ static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t 
     }
 }
 
-/* q4k_scale of the 8 blocks of the super-block that starts at block b: s0 in out[0..7], s1 in out[8..15] */
-INLINE void q4k_scales8(const float *sc, size_t b, float *out) {
-    const float *S = sc + 6 * (b >> 3);
-    const __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(S + 2))));
-    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(S[0]), _mm512_set1_ps(-S[1])), u));
-}
-
 /* dq_strip's 4-bit blocks, two columns at a time. The 16-entry fp32 tables d*j + m of column c's
  * and c + 1's block kb are rounded into one 32-entry bf16 table (one conversion for both) and
  * picked from with vpermw, bit 4 of the index naming the column. The indices come from one
@@ -86,6 +79,7 @@ INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t co
                                             0x0004000400040004LL, 0x0008000800080008LL, 0x0008000800080008LL, 0, 0);
     const __m512i nib = _mm512_set1_epi16(0x0f), col_b = _mm512_set1_epi16(0x10);
     const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1);
+    const float *sc = w->sc; /* in a register: through w it was reloaded every block, buf may alias */
     for (int c = 0; c < 16; c += 2) {
         const size_t ba = (size_t)(n0 + c) * NB; /* column c's first block; c + 1's is NB later */
         const uint8_t *q = w->qs + ba * 16;
@@ -96,12 +90,12 @@ INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t co
             float a0, a1, b0, b1;
             if (fmt == SK_Q4_K) {
                 if (!(kb & 7)) {
-                    q4k_scales8(w->sc, ba + kb, sa);
-                    q4k_scales8(w->sc, ba + NB + kb, sb);
+                    q4k_scales8(sc, ba + kb, sa);
+                    q4k_scales8(sc, ba + NB + kb, sb);
                 }
                 a0 = sa[kb & 7], a1 = sa[8 + (kb & 7)], b0 = sb[kb & 7], b1 = sb[8 + (kb & 7)];
             } else {
-                const float *s = w->sc + (ba + kb) * 2;
+                const float *s = sc + (ba + kb) * 2;
                 a0 = s[0], a1 = s[1], b0 = s[2 * NB], b1 = s[2 * NB + 1];
             }
             const __m512 ta = _mm512_fmadd_ps(_mm512_set1_ps(a0), J, _mm512_set1_ps(a1));
