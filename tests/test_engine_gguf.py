@@ -216,6 +216,31 @@ def test_tiny_qwen2_native_default_is_close_to_fp32(tmp_path, isa):
     assert ((mine - ref).abs().max() / ref.abs().max()).item() < 1e-2
 
 
+@pytest.mark.parametrize("isa", native.ISAS)
+@pytest.mark.parametrize("heads, kv, dim", [(2, 2, 128), (8, 2, 384), (10, 2, 800), (7, 1, 896)])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_native_attention_head_layouts_match_torch(tmp_path, isa, heads, kv, dim, kv_dtype):
+    """Attention's passes are unrolled by query heads a KV head and by 16-value chunks of a head, and
+    the tiny models above all have 2 heads a KV head of 64 values: here 1 of 64, 4 of 48, 5 of 80 (a
+    width that does not split into whole passes) and 7 of 128 (the 0.5B draft's group size, the
+    1.5B's width), with exact F32 weights against torch on each path: a 39-position prefill (the
+    (row, KV head) units) and a decode step over 40 positions (query heads split over the threads),
+    with float32 and float16 K/V."""
+    from streamkit.engine.native.model import NativeLlamaModel
+
+    if not native.available(isa):
+        pytest.skip(f"native {isa} path unavailable here: {native.error(isa)}")
+    path = str(tmp_path / "heads.gguf")
+    write_model(path, layer_types=("F32",), dim=dim, ffn=256, heads=heads, kv=kv, layers=1)
+    ids = np.random.default_rng(heads).integers(0, 300, 40).tolist()
+    ref = _run(LlamaModel(load_gguf(path, progress=False), "cpu", weights="fp32"), ids)
+    model = NativeLlamaModel(load_gguf(path, raw=True, progress=False), "native-fp32", isa=isa)
+    assert model.cfg.head_dim == dim // heads
+    model.kv_dtype = kv_dtype
+    err = ((_run(model, ids) - ref).abs().max() / ref.abs().max()).item()
+    assert err < (1e-5 if kv_dtype == torch.float32 else 2e-3), err
+
+
 @pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
 def test_native_fused_matrix_parts_must_add_up(tmp_path):
     """A part past a fused matrix's rows is refused, and a forward of a layer whose parts are

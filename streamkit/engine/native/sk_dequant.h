@@ -279,4 +279,28 @@ static inline void prefetch_rows(const sk_w *w, int n, int count) {
     for (size_t i = 0; i < count * nb * sb; i += 64) prefetch(s + i);
 }
 
+/* prefetch_rows spread over a kernel's loop: the lines of rows [n, n + count) still to prefetch.
+ * A strip's worth of prefetches issued while it is unpacked (prefetch_rows) waited on the line-fill
+ * buffers, a third of the unpacking's time; a few each block of the int16 kernel's passes overlap
+ * its products instead (sk_int16.h, mm_i16_team). */
+typedef struct {
+    const char *q, *qe, *s, *se;
+} sk_pf;
+
+static inline sk_pf pf_rows(const sk_w *w, int n, int count) {
+    if (n + count > w->n) count = w->n - n;
+    if (count < 0) count = 0;
+    const size_t nb = w->k / 32, qb = qs_block_bytes(w->fmt), sb = sc_block_bytes(w->fmt);
+    const char *q = (const char *)w->qs + (size_t)n * nb * qb, *s = (const char *)w->sc + (size_t)n * nb * sb;
+    return (sk_pf){q, q + count * nb * qb, s, s + count * nb * sb};
+}
+
+static inline size_t pf_lines(const sk_pf *p) { return (size_t)(p->qe - p->q + 63) / 64 + (size_t)(p->se - p->s + 63) / 64; }
+
+/* the next `lines` lines of p */
+INLINE void pf_some(sk_pf *p, size_t lines) {
+    for (; lines && p->q < p->qe; lines--, p->q += 64) prefetch(p->q);
+    for (; lines && p->s < p->se; lines--, p->s += 64) prefetch(p->s);
+}
+
 #endif

@@ -56,10 +56,30 @@ static void i16_pack_x_team(const float *x, int ldx, int M, int K, int16_t *xq, 
     }
 }
 
-/* f += acc * dx * s0 + dx * sum(qx) * s1 for one 8-row half of a column */
-INLINE void i16_scale(__m256i acc, __m256 d, __m256 ds, __m256 s0, __m256 s1, float *f) {
+/* Where i16_tile reads column c's scales of block kb: s0[c * cs + kb * bs], and s1 likewise where
+ * the format has an offset (s1 NULL: none). Q4_1, Q4_0 and Q8_0 keep theirs in the weight (Q4_0 and
+ * Q8_0 have no offset in int16, their values signed), so the strip holds only Q4_K's: the strip's
+ * scattered scale stores were a quarter of its unpacking. */
+typedef struct {
+    const float *s0, *s1;
+    size_t cs, bs;
+} i16_scales;
+
+static i16_scales i16_scales_of(const sk_w *w, int n0, const float *strip_s0, const float *strip_s1) {
+    const size_t NB = w->k / 32;
+    switch (w->fmt) {
+    case SK_Q4_1: return (i16_scales){w->sc + n0 * NB * 2, w->sc + n0 * NB * 2 + 1, 2 * NB, 2};
+    case SK_Q4_0: return (i16_scales){w->sc + n0 * NB * 2, NULL, 2 * NB, 2};
+    case SK_Q8_0: return (i16_scales){w->sc + n0 * NB, NULL, NB, 1};
+    default: return (i16_scales){strip_s0, strip_s1, 1, 16};
+    }
+}
+
+/* f += acc * dx * s0 (+ dx * sum(qx) * s1 where off) for one 8-row half of a column */
+INLINE void i16_scale(__m256i acc, __m256 d, __m256 ds, __m256 s0, __m256 s1, float *f, int off) {
+    const __m256 prev = _mm256_loadu_ps(f);
     _mm256_storeu_ps(f, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(d, s0),
-                                        _mm256_fmadd_ps(ds, s1, _mm256_loadu_ps(f))));
+                                        off ? _mm256_fmadd_ps(ds, s1, prev) : prev));
 }
 
 /* NC columns (c0..c0+NC-1 of the strip; a constant where inlined, 4 with two tiles, 8 with one) of
@@ -71,12 +91,13 @@ INLINE void i16_scale(__m256i acc, __m256 d, __m256 ds, __m256 s0, __m256 s1, fl
  * k pairs are unrolled whole: GCC kept a rolled loop's accumulators on the stack (Intel Xeon, 16
  * rows: 4.0 against 4.25 ms for the head); vpmaddwd + vpaddd spilled when unrolled whole (20 %
  * slower), so that build unrolls 4. */
-INLINE void i16_tile(const int16_t *u, const float *s0, const float *s1, const int16_t *xa, const int16_t *xb,
-                     const float *dxa, const float *dxsa, const float *dxb, const float *dxsb, int NB, int c0, int NC,
-                     float *out, int two_tiles) {
+INLINE void i16_tile(const int16_t *u, i16_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
+                     const float *dxsa, const float *dxb, const float *dxsb, int NB, int c0, int NC, float *out,
+                     int two_tiles, int off, sk_pf *pf, size_t pf_per_block) {
     for (int c = 0; c < NC; c++)
         for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + c * 16 + h * 8, _mm256_setzero_ps());
     for (int kb = 0; kb < NB; kb++) {
+        if (two_tiles) pf_some(pf, pf_per_block);
         const uint32_t *uk = (const uint32_t *)(u + (size_t)kb * 512) + c0 * 16;
         const int16_t *ka = xa + (size_t)kb * (I16_TILE_BYTES / 2), *kb2 = xb + (size_t)kb * (I16_TILE_BYTES / 2);
         __m256i acc[8][2];
@@ -96,29 +117,38 @@ INLINE void i16_tile(const int16_t *u, const float *s0, const float *s1, const i
                 if (two_tiles) acc[c][1] = gv_madd_acc(acc[c][1], wb, x1);
             }
         }
-        const float *a = s0 + (size_t)kb * 16 + c0, *o = s1 + (size_t)kb * 16 + c0;
+        const float *a = sc.s0 + kb * sc.bs + c0 * sc.cs, *o = off ? sc.s1 + kb * sc.bs + c0 * sc.cs : NULL;
         const __m256 d0 = _mm256_loadu_ps(dxa + (size_t)kb * 8), ds0 = _mm256_loadu_ps(dxsa + (size_t)kb * 8);
         const __m256 d1 = _mm256_loadu_ps(dxb + (size_t)kb * 8), ds1 = _mm256_loadu_ps(dxsb + (size_t)kb * 8);
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) {
-            const __m256 ac = _mm256_set1_ps(a[c]), oc = _mm256_set1_ps(o[c]);
-            i16_scale(acc[c][0], d0, ds0, ac, oc, out + c * 16);
-            if (two_tiles) i16_scale(acc[c][1], d1, ds1, ac, oc, out + c * 16 + 8);
+            const __m256 ac = _mm256_set1_ps(a[c * sc.cs]), oc = off ? _mm256_set1_ps(o[c * sc.cs]) : ac;
+            i16_scale(acc[c][0], d0, ds0, ac, oc, out + c * 16, off);
+            if (two_tiles) i16_scale(acc[c][1], d1, ds1, ac, oc, out + c * 16 + 8, off);
         }
     }
 }
 
 /* a strip's 16 columns of two 8-row tiles, 4 columns a pass (8 chains), or of one tile, 8 a pass */
-static void i16_tiles_strip(const int16_t *u, const float *s0, const float *s1, const int16_t *xa, const int16_t *xb,
-                            const float *dxa, const float *dxsa, const float *dxb, const float *dxsb, int NB,
-                            float *ctile, int two_tiles) {
+INLINE void i16_tiles_strip_as(const int16_t *u, i16_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
+                               const float *dxsa, const float *dxb, const float *dxsb, int NB, float *ctile,
+                               int two_tiles, int off, sk_pf *pf, size_t pf_per_block) {
     if (two_tiles) {
         for (int c0 = 0; c0 < 16; c0 += 4)
-            i16_tile(u, s0, s1, xa, xb, dxa, dxsa, dxb, dxsb, NB, c0, 4, ctile + c0 * 16, 1);
+            i16_tile(u, sc, xa, xb, dxa, dxsa, dxb, dxsb, NB, c0, 4, ctile + c0 * 16, 1, off, pf, pf_per_block);
     } else {
         for (int c0 = 0; c0 < 16; c0 += 8)
-            i16_tile(u, s0, s1, xa, xa, dxa, dxsa, dxa, dxsa, NB, c0, 8, ctile + c0 * 16, 0);
+            i16_tile(u, sc, xa, xa, dxa, dxsa, dxa, dxsa, NB, c0, 8, ctile + c0 * 16, 0, off, pf, pf_per_block);
     }
+}
+
+/* ... and, with two tiles, pf_per_block lines of pf (the next strip's weights) prefetched each block of
+ * each pass */
+static void i16_tiles_strip(const int16_t *u, i16_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
+                            const float *dxsa, const float *dxb, const float *dxsb, int NB, float *ctile,
+                            int two_tiles, sk_pf *pf, size_t pf_per_block) {
+    if (sc.s1) i16_tiles_strip_as(u, sc, xa, xb, dxa, dxsa, dxb, dxsb, NB, ctile, two_tiles, 1, pf, pf_per_block);
+    else i16_tiles_strip_as(u, sc, xa, xb, dxa, dxsa, dxb, dxsb, NB, ctile, two_tiles, 0, pf, pf_per_block);
 }
 
 /* the 16 x 16 tile ct ([column][row]) into y's rows (+= where acc) */
@@ -145,12 +175,19 @@ static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbu
     int a0, a1;
     while (share_next(t, 1, 1, &a0, &a1)) {
         const int n0 = a0 * 16;
-        strip_any(w, n0, (int16_t *)u, s0, s1);
+        /* the next strip's rows (this thread's, unless another takes it): with one tile while this
+         * strip is unpacked, with two a few lines each block of the first pair's passes (16-row
+         * steps 1.05x; with one tile that ran 4-8 % slower than prefetching while unpacking) */
+        strip_any(w, n0, (int16_t *)u, s0, s1, MT == 1);
+        const i16_scales sc = i16_scales_of(w, n0, s0, s1);
+        sk_pf pf = pf_rows(w, n0 + 16, MT == 1 ? 0 : 16);
+        const size_t per = (pf_lines(&pf) + 4 * NB - 1) / (4 * NB);
         for (int mt = 0; mt < MT; mt += 2) {
             const int two_tiles = mt + 1 < MT, rows = M - mt * 8 < 16 ? M - mt * 8 : 16;
             const float *da = dx + (size_t)mt * NB * 8, *dsa = dxs + (size_t)mt * NB * 8;
-            i16_tiles_strip((const int16_t *)u, s0, s1, xq + mt * tb, xq + (mt + two_tiles) * tb, da, dsa,
-                            da + (size_t)two_tiles * NB * 8, dsa + (size_t)two_tiles * NB * 8, NB, ctile, two_tiles);
+            i16_tiles_strip((const int16_t *)u, sc, xq + mt * tb, xq + (mt + two_tiles) * tb, da, dsa,
+                            da + (size_t)two_tiles * NB * 8, dsa + (size_t)two_tiles * NB * 8, NB, ctile, two_tiles,
+                            &pf, per);
             i16_store_tile(ctile, y + (size_t)mt * 8 * ldy + n0, ldy, rows, acc);
         }
     }

@@ -80,58 +80,64 @@ static void i8_pack_x_team(const float *x, int ldx, int M, int K, uint8_t *xq, f
 #endif
 
 /* 16 columns from n0 -> [K/32][16][32] values with s0 / s1 [K/32][16]: u8 for the int8 kernels
- * below (Q8_0 as q + 128), int16 for sk_int16.h's in the avx2 build (Q8_0 as its signed q, s1 = 0;
- * written in the same pass: widening a u8 strip afterwards was a second pass over it) */
+ * below (Q8_0 as q + 128), int16 for sk_int16.h's in the avx2 build (written in the same pass:
+ * widening a u8 strip afterwards was a second pass over it). The int16 strip holds Q8_0 as its
+ * signed q and Q4_0 as q - 8, so neither has an offset, and the kernel reads the Q4_1, Q4_0 and
+ * Q8_0 scales where the weight keeps them (sk_int16.h, i16_scales): only Q4_K's are written, the
+ * scattered scale stores having been a quarter of the unpacking. */
 #if SK_I16
 typedef int16_t strip_t;
 #else
 typedef uint8_t strip_t;
 #endif
-INLINE void strip_cols(int fmt, const sk_w *wp, int n0, strip_t *u, float *s0, float *s1) {
+INLINE void strip_cols(int fmt, const sk_w *wp, int n0, strip_t *u, float *s0, float *s1, int ahead) {
     const sk_w lw = *wp, *w = &lw; /* a local copy: the scale stores below cannot alias it */
-    const int NB = w->k / 32;
+    const int NB = w->k / 32, scales = !SK_I16 || fmt == SK_Q4_K;
     const __m128i m4 = _mm_set1_epi8(0x0F);
     for (int c = 0; c < 16; c++) {
-        prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
+        if (ahead) prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 1);
         size_t b = (size_t)(n0 + c) * NB;
         for (int kb = 0; kb < NB; kb++, b++) {
             strip_t *dst = u + ((size_t)kb * 16 + c) * 32;
             __m128i v0, v1; /* values 0..15, 16..31 */
-            float a, o;
             if (fmt == SK_Q8_0) {
                 const __m128i *q = (const __m128i *)(w->qs + 32 * b);
                 v0 = _mm_loadu_si128(q);
                 v1 = _mm_loadu_si128(q + 1);
-                a = w->sc[b];
-                o = SK_I16 ? 0.0f : -128.0f * a;
             } else {
                 const __m128i q = _mm_loadu_si128((const __m128i *)(w->qs + 16 * b));
                 v0 = _mm_and_si128(q, m4);
                 v1 = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-                q4_scales(fmt, w, b, &a, &o);
-                if (fmt == SK_Q4_0) o = -8.0f * a;
             }
 #if SK_I16
-            const int sgn = fmt == SK_Q8_0;
-            _mm256_storeu_si256((__m256i *)dst, sgn ? _mm256_cvtepi8_epi16(v0) : _mm256_cvtepu8_epi16(v0));
-            _mm256_storeu_si256((__m256i *)(dst + 16), sgn ? _mm256_cvtepi8_epi16(v1) : _mm256_cvtepu8_epi16(v1));
+            const __m256i off = _mm256_set1_epi16(fmt == SK_Q4_0 ? 8 : 0);
+            const __m256i w0 = fmt == SK_Q8_0 ? _mm256_cvtepi8_epi16(v0) : _mm256_cvtepu8_epi16(v0);
+            const __m256i w1 = fmt == SK_Q8_0 ? _mm256_cvtepi8_epi16(v1) : _mm256_cvtepu8_epi16(v1);
+            _mm256_storeu_si256((__m256i *)dst, _mm256_sub_epi16(w0, off));
+            _mm256_storeu_si256((__m256i *)(dst + 16), _mm256_sub_epi16(w1, off));
 #else
             const __m128i flip = _mm_set1_epi8(fmt == SK_Q8_0 ? (char)0x80 : 0);
             _mm_storeu_si128((__m128i *)dst, _mm_xor_si128(v0, flip));
             _mm_storeu_si128((__m128i *)(dst + 16), _mm_xor_si128(v1, flip));
 #endif
+            if (!scales) continue;
+            float a, o;
+            if (fmt == SK_Q8_0) a = w->sc[b], o = -128.0f * a;
+            else q4_scales(fmt, w, b, &a, &o);
+            if (fmt == SK_Q4_0) o = -8.0f * a;
             s0[(size_t)kb * 16 + c] = a;
             s1[(size_t)kb * 16 + c] = o;
         }
     }
 }
 
-static void strip_any(const sk_w *w, int n0, strip_t *u, float *s0, float *s1) {
+/* ahead: prefetch the next strip's rows while unpacking (else the caller does, pf_rows) */
+static void strip_any(const sk_w *w, int n0, strip_t *u, float *s0, float *s1, int ahead) {
     switch (w->fmt) {
-    case SK_Q4_1: strip_cols(SK_Q4_1, w, n0, u, s0, s1); break;
-    case SK_Q4_0: strip_cols(SK_Q4_0, w, n0, u, s0, s1); break;
-    case SK_Q4_K: strip_cols(SK_Q4_K, w, n0, u, s0, s1); break;
-    default: strip_cols(SK_Q8_0, w, n0, u, s0, s1); break;
+    case SK_Q4_1: strip_cols(SK_Q4_1, w, n0, u, s0, s1, ahead); break;
+    case SK_Q4_0: strip_cols(SK_Q4_0, w, n0, u, s0, s1, ahead); break;
+    case SK_Q4_K: strip_cols(SK_Q4_K, w, n0, u, s0, s1, ahead); break;
+    default: strip_cols(SK_Q8_0, w, n0, u, s0, s1, ahead); break;
     }
 }
 
@@ -198,7 +204,7 @@ static void mm_i8_team(const sk_w *w, int M, const float *x, int ldx, void *xbuf
     int a0, a1;
     while (share_next(t, 1, 1, &a0, &a1)) {
         const int n0 = a0 * 16;
-        strip_any(w, n0, u, s0, s1);
+        strip_any(w, n0, u, s0, s1, 1);
         for (int mt = 0; mt < MT; mt++) {
             const size_t ti = (size_t)mt * NB;
             const int rows = M - mt * 16 < 16 ? M - mt * 16 : 16;

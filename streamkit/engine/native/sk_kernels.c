@@ -371,50 +371,100 @@ INLINE v16 kv_load(const void *p, size_t i, int half) {
     return half ? v16_load_half((const uint16_t *)p + i) : v16_load((const float *)p + i);
 }
 
-/* heads of a query group handled per pass: their accumulators (4 x head_dim / 16 vectors) fit
- * AVX-512's 32 registers; AVX2 has 16 */
+/* heads a pass of the score loop (two accumulators each) and v16 accumulators a pass of the
+ * weighted sum of V: within AVX-512's 32 registers, or AVX2's 16 (a v16 is two ymm there) */
 #ifdef __AVX512F__
-#define SK_AG 4
-#define SK_SG 4 /* heads a pass of the score loop, 2 accumulators each */
+#define SK_SG 4
+#define SK_VACC 16
 #else
-#define SK_AG 2
-#define SK_SG 2
+#define SK_SG 3
+#define SK_VACC 6
 #endif
+
+/* the K and V of one KV block into L1, ahead of its use */
+INLINE void prefetch_kv_block(const sk_model *m, size_t block_base, int half) {
+    const size_t at = block_base << (2 - half), bytes = (size_t)(m->block_size * m->head_dim) << (2 - half);
+    for (size_t i = 0; i < bytes; i += 64) {
+        prefetch((const char *)m->k_pool + at + i);
+        prefetch((const char *)m->v_pool + at + i);
+    }
+}
+
+/* the scores of GN heads (q: the first's) at the 16 positions of K column c of the block at kt ([hd][bs]).
+ * GN is a constant at each call (attend_kv's switch), so the accumulators stay in registers. Two
+ * sums a head, even and odd d: one chain of hd dependent FMAs a head left the loop waiting on FMA
+ * latency (SmolLM2, 3 heads a group: 3 FMAs in flight, not 8). */
+INLINE void scores16(const void *k_pool, size_t kt, int bs, int hd, const float *q, int GN, v16 scale, float *out,
+                     int stride, int half) {
+    v16 a[SK_SG][2];
+    for (int g = 0; g < GN; g++) a[g][0] = a[g][1] = v16_zero();
+    for (int d = 0; d < hd; d += 2)
+        for (int e = 0; e < 2; e++) {
+            const v16 kv = kv_load(k_pool, kt + (size_t)(d + e) * bs, half);
+            for (int g = 0; g < GN; g++) a[g][e] = v16_fmadd(v16_set1(q[(size_t)g * hd + d + e]), kv, a[g][e]);
+        }
+    for (int g = 0; g < GN; g++) v16_store(out + (size_t)g * stride, v16_mul(v16_add(a[g][0], a[g][1]), scale));
+}
+
+/* out = softmax weights (sc, rows of stride) times V for GN heads and the JN 16-value chunks of each
+ * head from chunk j0, each V chunk loaded once; GN and JN are constants at each call (attend_kv),
+ * so the GN x JN accumulators stay in registers (with runtime counts they lived on the stack, a
+ * load and a store beside every FMA) */
+INLINE void weigh_v(const sk_model *m, size_t base, const int32_t *table, int nblk, int ctx, const float *sc,
+                    int stride, const float *inv_sum, int GN, int j0, int JN, float *out, int half) {
+    const int hd = m->head_dim, bs = m->block_size;
+    v16 o[SK_SG][SK_VACC];
+    for (int g = 0; g < GN; g++)
+        for (int j = 0; j < JN; j++) o[g][j] = v16_zero();
+    for (int b = 0; b < nblk; b++) {
+        const size_t vb = base + (size_t)table[b] * bs * hd + 16 * j0;
+        const float *p = sc + b * bs;
+        const int n = ctx - b * bs < bs ? ctx - b * bs : bs;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < JN; j++) {
+                const v16 v = kv_load(m->v_pool, vb + (size_t)i * hd + 16 * j, half);
+                for (int g = 0; g < GN; g++) o[g][j] = v16_fmadd(v16_set1(p[(size_t)g * stride + i]), v, o[g][j]);
+            }
+    }
+    for (int g = 0; g < GN; g++)
+        for (int j = 0; j < JN; j++)
+            v16_store(out + (size_t)g * hd + 16 * (j0 + j), v16_mul(o[g][j], v16_set1(inv_sum[g])));
+}
+
+/* weigh_v over all HV chunks of GN heads, as many chunks a pass as SK_VACC accumulators allow */
+INLINE void weigh_v_heads(const sk_model *m, size_t base, const int32_t *table, int nblk, int ctx, const float *sc,
+                          int stride, const float *inv_sum, int GN, float *out, int half) {
+    const int HV = m->head_dim / 16, JN = SK_VACC / GN >= 4 ? 4 : SK_VACC / GN >= 2 ? 2 : 1;
+    int j0 = 0;
+    for (; j0 + JN <= HV; j0 += JN) weigh_v(m, base, table, nblk, ctx, sc, stride, inv_sum, GN, j0, JN, out, half);
+    for (; j0 < HV; j0++) weigh_v(m, base, table, nblk, ctx, sc, stride, inv_sum, GN, j0, 1, out, half);
+}
 
 /* G consecutive query heads of one token (q, out: the first's), all sharing KV head kvh, over
  * positions 0..ctx-1 of its sequence: scores, softmax with the row maximum subtracted, weighted
  * sum of V. */
 INLINE void attend_kv(const sk_model *m, int layer, int kvh, const float *q, int G, int ctx, const int32_t *table,
                       float *out, int half) {
-    const int hd = m->head_dim, bs = m->block_size, HV = hd / 16;
+    const int hd = m->head_dim, bs = m->block_size;
     const int nblk = (ctx + bs - 1) / bs, stride = nblk * bs;
     float *sc = strip_buffer((size_t)G * stride * 4); /* G x context scores: no matmul runs meanwhile */
     const size_t base = ((size_t)layer * m->n_kv + kvh) * (size_t)m->pool_slots * hd; /* in elements */
     const v16 scale = v16_set1(m->scale);
     for (int b = 0; b < nblk; b++) {
         const size_t kt = base + (size_t)table[b] * bs * hd; /* [hd][bs] */
-        if (b + 1 < nblk) { /* the next block of this sequence is anywhere in the pool */
-            const size_t next = (base + (size_t)table[b + 1] * bs * hd) << (2 - half), bytes = (size_t)(bs * hd) << (2 - half);
-            for (size_t i = 0; i < bytes; i += 64) {
-                prefetch((const char *)m->k_pool + next + i);
-                prefetch((const char *)m->v_pool + next + i);
-            }
-        }
+        if (b + 1 < nblk) prefetch_kv_block(m, base + (size_t)table[b + 1] * bs * hd, half); /* anywhere in the pool */
         for (int c = 0; c < bs; c += 16)
             for (int g0 = 0; g0 < G; g0 += SK_SG) {
-                const int gn = G - g0 < SK_SG ? G - g0 : SK_SG;
-                /* two sums a head, even and odd d: one chain of hd dependent FMAs a head left the loop
-                 * waiting on FMA latency (SmolLM2, 3 heads a group: 3 FMAs in flight, not 8) */
-                v16 a[SK_SG][2];
-                for (int g = 0; g < gn; g++) a[g][0] = a[g][1] = v16_zero();
                 const float *qg = q + (size_t)g0 * hd;
-                for (int d = 0; d < hd; d += 2)
-                    for (int e = 0; e < 2; e++) {
-                        const v16 kv = kv_load(m->k_pool, kt + (size_t)(d + e) * bs + c, half);
-                        for (int g = 0; g < gn; g++) a[g][e] = v16_fmadd(v16_set1(qg[(size_t)g * hd + d + e]), kv, a[g][e]);
-                    }
-                for (int g = 0; g < gn; g++)
-                    v16_store(sc + (size_t)(g0 + g) * stride + b * bs + c, v16_mul(v16_add(a[g][0], a[g][1]), scale));
+                float *o = sc + (size_t)g0 * stride + b * bs + c;
+                switch (G - g0 < SK_SG ? G - g0 : SK_SG) {
+                case 1: scores16(m->k_pool, kt + c, bs, hd, qg, 1, scale, o, stride, half); break;
+                case 2: scores16(m->k_pool, kt + c, bs, hd, qg, 2, scale, o, stride, half); break;
+#if SK_SG > 3
+                case 3: scores16(m->k_pool, kt + c, bs, hd, qg, 3, scale, o, stride, half); break;
+#endif
+                default: scores16(m->k_pool, kt + c, bs, hd, qg, SK_SG, scale, o, stride, half); break;
+                }
             }
     }
     float inv_sum[32];
@@ -433,25 +483,16 @@ INLINE void attend_kv(const sk_model *m, int layer, int kvh, const float *q, int
         }
         inv_sum[g] = 1.0f / v16_hsum(sum);
     }
-    /* weighted sum of V, up to SK_AG heads per pass so each V row is loaded once per pass */
-    for (int g0 = 0; g0 < G; g0 += SK_AG) {
-        const int gn = G - g0 < SK_AG ? G - g0 : SK_AG;
-        v16 o[SK_AG][16];
-        for (int g = 0; g < gn; g++)
-            for (int j = 0; j < HV; j++) o[g][j] = v16_zero();
-        for (int b = 0; b < nblk; b++) {
-            const size_t vb = base + (size_t)table[b] * bs * hd;
-            const int n = ctx - b * bs < bs ? ctx - b * bs : bs;
-            for (int i = 0; i < n; i++)
-                for (int j = 0; j < HV; j++) {
-                    const v16 v = kv_load(m->v_pool, vb + (size_t)i * hd + 16 * j, half);
-                    for (int g = 0; g < gn; g++)
-                        o[g][j] = v16_fmadd(v16_set1(sc[(size_t)(g0 + g) * stride + b * bs + i]), v, o[g][j]);
-                }
-        }
-        for (int g = 0; g < gn; g++) {
-            const v16 inv = v16_set1(inv_sum[g0 + g]);
-            for (int j = 0; j < HV; j++) v16_store(out + (size_t)(g0 + g) * hd + 16 * j, v16_mul(o[g][j], inv));
+    for (int g0 = 0; g0 < G; g0 += SK_SG) {
+        const float *s = sc + (size_t)g0 * stride;
+        float *o = out + (size_t)g0 * hd;
+        switch (G - g0 < SK_SG ? G - g0 : SK_SG) {
+        case 1: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, 1, o, half); break;
+        case 2: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, 2, o, half); break;
+#if SK_SG > 3
+        case 3: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, 3, o, half); break;
+#endif
+        default: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, SK_SG, o, half); break;
         }
     }
 }
@@ -565,7 +606,11 @@ static void attend_rows(const forward_args *f, int l, int T, sk_team *t) {
         return;
     }
     for (int i = t->tid; i < T * KV; i += t->nt) {
-        const int r = i / KV, j = i % KV;
+        const int r = i / KV, j = i % KV, nx = i + t->nt;
+        if (nx < T * KV) /* the first KV block of this thread's next unit (each prefetches its next ones) */
+            prefetch_kv_block(m, ((size_t)l * KV + nx % KV) * (size_t)m->pool_slots * hd +
+                                     (size_t)f->tables[(size_t)f->tok_seq[nx / KV] * f->nb_stride] * m->block_size * hd,
+                              m->kv_half);
         attend(m, l, j, m->qkv + (size_t)r * QKV + (size_t)j * G * hd, G, f->pos[r] + 1,
                f->tables + (size_t)f->tok_seq[r] * f->nb_stride, m->att + (size_t)r * A + (size_t)j * G * hd);
     }
