@@ -1,17 +1,17 @@
 /* The batched path of the avx2 build (most laptops, many CI runners): activations quantized to int16
  * per block of 32 values (one fp32 scale a block, about the precision of sk_int8.h's two int8 terms),
- * weights as strips of their 4- or 8-bit integers in int16 (sk_int8.h's strip_any, Q8_0 signed),
- * products summed in int32 by vpdpwssd where the CPU has AVX-VNNI (Intel client cores since Alder
- * Lake, AMD Zen 5), else vpmaddwd + vpaddd (16 multiply-adds for one multiplier-pipe instruction,
- * against 8 for an fp32 FMA), and scaled per block in fp32 as there:
+ * weights as strips of their 4- or 8-bit integers in int16 (sk_int8.h's strip_any; Q8_0 signed, Q4_0
+ * as q - 8), products summed in int32 by vpdpwssd where the CPU has AVX-VNNI (Intel client cores
+ * since Alder Lake, AMD Zen 5), else vpmaddwd + vpaddd (16 multiply-adds for one multiplier-pipe
+ * instruction, against 8 for an fp32 FMA), and scaled per block in fp32 as there:
  *   sum_k value_k * x_k = s0 * dx * sum_k u_k qx_k + s1 * dx * sum_k qx_k,  x_k ~ dx * qx_k.
  * A block's int32 sums stay below 2^31: 32 products of |u| <= 128 and |qx| <= 32767.
  *
- * Layouts: a strip of 16 output columns as int16 [K/32][16 columns][32] (u, from sk_int8.h's
- * strip_any) with its scales s0, s1 [K/32][16]; x in tiles of 8 rows, [8-row tile][K/32][16 pairs
- * of k][8 rows][2] int16, so one ymm holds a k pair of 8 rows and a column's pair is one dword
- * broadcast, with dx and dx * sum(qx) [8-row tile][K/32][8]. Included by sk_kernels.c only, where
- * SK_I16 is set. */
+ * Layouts: a strip of 16 output columns as int16 [K/32][16 columns][32] (u, from strip_any), its
+ * scales s0, s1 read where the weight keeps them (Q4_K's computed into [K/32][16] beside the strip:
+ * i16_scales); x in tiles of 8 rows, [8-row tile][K/32][16 pairs of k][8 rows][2] int16, so one ymm
+ * holds a k pair of 8 rows and a column's pair is one dword broadcast, with dx and dx * sum(qx)
+ * [8-row tile][K/32][8]. Included by sk_kernels.c only, where SK_I16 is set. */
 #ifndef SK_INT16_H
 #define SK_INT16_H
 
