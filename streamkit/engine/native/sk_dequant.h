@@ -268,21 +268,10 @@ static int sc_block_bytes(int fmt) {
 /* prefetcht0 as a volatile asm: GCC 12 deletes a loop of _mm_prefetch calls once it is inlined */
 INLINE void prefetch(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
 
-/* pull rows [n, n + count) of a weight (both of its arrays) towards the L1 */
-static inline void prefetch_rows(const sk_w *w, int n, int count) {
-    if (n + count > w->n) count = w->n - n;
-    if (count <= 0) return;
-    const size_t nb = w->k / 32, qb = qs_block_bytes(w->fmt), sb = sc_block_bytes(w->fmt);
-    const char *q = (const char *)w->qs + (size_t)n * nb * qb;
-    for (size_t i = 0; i < count * nb * qb; i += 64) prefetch(q + i);
-    const char *s = (const char *)w->sc + (size_t)n * nb * sb;
-    for (size_t i = 0; i < count * nb * sb; i += 64) prefetch(s + i);
-}
-
-/* prefetch_rows spread over a kernel's loop: the lines of rows [n, n + count) still to prefetch.
- * A strip's worth of prefetches issued while it is unpacked (prefetch_rows) waited on the line-fill
- * buffers, a third of the unpacking's time; a few each block of the int16 kernel's passes overlap
- * its products instead (sk_int16.h, mm_i16_team). */
+/* The lines of rows [n, n + count) of a weight (both of its arrays) still to prefetch: all at once
+ * (prefetch_rows), or a few at a time from inside a kernel's loop (pf_some). A strip's worth issued
+ * at once while it is unpacked waited on the line-fill buffers, a third of the unpacking's time; a
+ * few each block of the int16 kernel's passes overlap its products instead (sk_int16.h). */
 typedef struct {
     const char *q, *qe, *s, *se;
 } sk_pf;
@@ -301,6 +290,12 @@ static inline size_t pf_lines(const sk_pf *p) { return (size_t)(p->qe - p->q + 6
 INLINE void pf_some(sk_pf *p, size_t lines) {
     for (; lines && p->q < p->qe; lines--, p->q += 64) prefetch(p->q);
     for (; lines && p->s < p->se; lines--, p->s += 64) prefetch(p->s);
+}
+
+/* pull rows [n, n + count) of a weight towards the L1 */
+static inline void prefetch_rows(const sk_w *w, int n, int count) {
+    sk_pf p = pf_rows(w, n, count);
+    pf_some(&p, SIZE_MAX);
 }
 
 #endif
