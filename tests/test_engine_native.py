@@ -553,6 +553,27 @@ def test_amx_tiles_in_two_terms_are_closer_to_fp32(raw_model):
     assert torch.allclose(one, dp, rtol=1e-4, atol=1e-4 * one.abs().max())
 
 
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
+def test_amx_4bit_integers_scaled_per_block(kind):
+    """AMX tiles take the 4-bit formats' integers (exact in bf16) and scale each block of 32 after the
+    products; the offsets' part is a product over the blocks on tiles of 32 blocks. K = 1280 has 40
+    blocks: two such tiles, the second padded. 40 rows (the last tile partial), 5 strips of 16
+    columns, y += x . W^T, activation outliers: within 2e-5 of the fp32 product. Offsets left out,
+    a padding block not zeroed or a block scaled by its neighbour's scale all fail it."""
+    if not native.available("amx") or not native.caps("amx") & native.CAP_AMX:
+        pytest.skip(f"needs AMX tiles ({native.error('amx') or native.describe('amx')})")
+    rng = np.random.default_rng(["Q4_0", "Q4_1", "Q4_K"].index(kind) + 41)
+    n, k, rows = 80, 1280, 40
+    w = _weight(kind, n, k, rng)
+    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
+    x[:, ::97] *= 30
+    y0 = torch.from_numpy(rng.standard_normal((rows, n)).astype(np.float32))
+    ref = (y0.double() + x.double() @ torch.from_numpy(native_dequantize(w)).double().T).float()
+    got = _matmul(w, x, 8, y=y0, isa="amx", int8_mask=INT8_TWO_TERMS)
+    err = ((got - ref).abs().max() / (ref - y0).abs().max()).item()
+    assert 0 < err < 2e-5, err
+
+
 @pytest.mark.parametrize("vendor, flags, fast", [
     ("AuthenticAMD", {"avx512_vnni", "avx512_bf16"}, True),  # Zen 4/5
     ("AuthenticAMD", {"avx512_vnni"}, False),

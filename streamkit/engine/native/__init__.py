@@ -3,8 +3,8 @@
 One library per instruction-set path, each compiled with explicit -m flags (-mtune=native only
 tunes), at run time (like Triton or torch's cpp extensions), not at install time:
   amx     AVX-512 + AVX512_BF16 + AMX tiles: batched steps multiply bf16 strips on AMX, each
-          operand as two bf16 terms (~16 bits: closer to fp32 than the int8 path) (Intel Sapphire
-          Rapids and later);
+          operand as two bf16 terms (~16 bits: closer to fp32 than the int8 path), 4-bit weights as
+          their exact integers scaled per block (sk_amx4.h) (Intel Sapphire Rapids and later);
   avx512  AVX-512 without AMX: batched steps in int8 (vpdpbusd, two-term activations) where the CPU
           has AVX512_VNNI, else vdpbf16ps where it has AVX512_BF16 (AMD Zen 4/5, Cooper Lake), else
           fp32 FMAs over strips dequantized once per step;

@@ -28,12 +28,76 @@ INLINE __m512i bf16_rest(__m512 a, __m512 b, __m512i hi) {
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, bf16_widen(hi, 1)), _mm512_sub_ps(a, bf16_widen(hi, 0)));
 }
 
+/* bf16 of f, rounded to nearest even (finite f), and the fp32 value of a bf16 */
+INLINE uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+INLINE float bf16_value(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* v as two bf16 terms, v ~ hi + lo (~16 bits) */
+INLINE void bf16_split(float v, uint16_t *hi, uint16_t *lo) {
+    *hi = bf16_round(v);
+    *lo = bf16_round(v - bf16_value(*hi));
+}
+
+/* 16 values as two bf16 terms each, v ~ hi + lo */
+INLINE void bf16_terms16(__m512 v, __m256i *hi, __m256i *lo) {
+    *hi = (__m256i)_mm512_cvtneps_pbh(v);
+    const __m512 h = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(*hi), 16));
+    *lo = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, h));
+}
+
+/* ... stored: all 16, or lanes 8..15 */
+INLINE void bf16_split16(__m512 v, uint16_t *hi, uint16_t *lo) {
+    __m256i h, l;
+    bf16_terms16(v, &h, &l);
+    _mm256_storeu_si256((__m256i *)hi, h);
+    _mm256_storeu_si256((__m256i *)lo, l);
+}
+
+INLINE void bf16_split8_high(__m512 v, uint16_t *hi, uint16_t *lo) {
+    __m256i h, l;
+    bf16_terms16(v, &h, &l);
+    _mm_storeu_si128((__m128i *)hi, _mm256_extracti128_si256(h, 1));
+    _mm_storeu_si128((__m128i *)lo, _mm256_extracti128_si256(l, 1));
+}
+
+/* blocks of K padded to whole tiles of 32 blocks (the layout of pack_sum's tiles) */
+INLINE int padded_blocks(int NB) { return (NB + 31) / 32 * 32; }
+
+/* row m's sum of x over block kb, as three bf16 terms (~24 bits: it multiplies the weights' offsets,
+ * which may be as large as the products), into "B" tiles over the blocks: sums
+ * [MT][padded_blocks(NB) / 32][3 terms][16 pair rows][16 rows][2], block kb at pair row kb % 32 / 2,
+ * element kb % 2. With the last block the padding blocks after it are zeroed. */
+INLINE void pack_sum(uint16_t *sums, int mt, int NB, int kb, int m, float sum) {
+    const int NBp = padded_blocks(NB);
+    uint16_t *tiles = sums + (size_t)mt * NBp * 48;
+    for (int b = kb; b < (kb == NB - 1 ? NBp : kb + 1); b++) {
+        uint16_t *at = tiles + (size_t)(b / 32) * 1536 + ((b % 32 / 2) * 16 + m) * 2 + b % 2;
+        at[0] = at[512] = at[1024] = 0;
+        if (b == kb) {
+            bf16_split(sum, at, at + 512);
+            at[1024] = bf16_round(sum - bf16_value(at[0]) - bf16_value(at[512]));
+        }
+    }
+}
+
 /* x [M][K] fp32 -> bf16 "B" tiles [MT][K/32][16 pair rows][16 rows of x][2], zero padded: tile
  * (mt, kb) holds x[mt*16 + m][kb*32 + order[2p + j]] at pair row p, column m, element j, where
  * order is the k order the weight strips are dequantized in (Q4_ORDER for 4-bit weights, else
  * 0..31): any order works as long as both operands share it. xrest (NULL: none): the same tiles of
- * what the rounding to bf16 left (bf16_rest). */
-static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t *xb, uint32_t *xrest, sk_team *t) {
+ * what the rounding to bf16 left (bf16_rest). sums (NULL: none): each row's sum of x per block
+ * (pack_sum). */
+static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t *xb, uint32_t *xrest, uint16_t *sums,
+                        sk_team *t) {
     const int MT = (M + 15) / 16, NB = K / 32;
     const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32(16));
@@ -46,9 +110,11 @@ static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t 
         for (int m = 0; m < 16; m++) {
             const int row = mt * 16 + m;
             __m512i v = _mm512_setzero_si512(), r = _mm512_setzero_si512();
+            float sum = 0.0f;
             if (row < M) {
                 const float *p = x + (size_t)row * ldx + kb * 32;
                 const __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+                if (sums) sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
                 v = (__m512i)_mm512_cvtne2ps_pbh(b, a);
                 if (xrest) r = bf16_rest(a, b, v);
                 if (q4) {
@@ -56,28 +122,37 @@ static void pack_x_team(const float *x, int ldx, int M, int K, int q4, uint32_t 
                     if (xrest) r = _mm512_permutexvar_epi16(order, r);
                 }
             }
+            if (sums) pack_sum(sums, mt, NB, kb, m, sum);
             _mm512_i32scatter_epi32(tile + m, stride, v, 4);
             if (xrest) _mm512_i32scatter_epi32(rest + m, stride, r, 4);
         }
     }
 }
 
-/* dq_strip's 4-bit blocks, two columns at a time. The 16-entry fp32 tables d*j + m of column c's
- * and c + 1's block kb are rounded into one 32-entry bf16 table (one conversion for both) and
- * picked from with vpermw, bit 4 of the index naming the column. The indices come from one
- * broadcast load of a block's 16 bytes shifted per 128-bit lane by 0, 8, 4, 12 bits: word i of
- * lane l then holds in its low bits the low (l = 0, 1) or high (l = 2, 3) nibble of byte
- * 2i + (l & 1), so the values come out in Q4_ORDER, not 0..31 (no cross-lane shuffle to put them
- * back; x is packed in the same order). With rest, what the rounding left is rounded into a second
- * table the same way (bf16_rest) and picked with the same indices. Against one column at a time:
- * the same values, half the conversions, and Q4_K's scales computed a super-block at a time in a
- * vector (a Q4_K matmul on AMX tiles in two terms, 16 rows: 1.2x). */
-INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t col_step, size_t blk_step,
-                        uint16_t *rest) {
-    const int NB = w->k / 32;
+/* The vpermw indices that pick two columns' 4-bit blocks (column a's at q, b's at q + next) from a
+ * 32-entry table of words, bit 4 naming the column. They come from one broadcast load of a block's
+ * 16 bytes shifted per 128-bit lane by 0, 8, 4, 12 bits: word i of lane l then holds in its low
+ * bits the low (l = 0, 1) or high (l = 2, 3) nibble of byte 2i + (l & 1), so the values come out in
+ * Q4_ORDER, not 0..31 (no cross-lane shuffle to put them back; x is packed in the same order). */
+INLINE void q4_pick_indices(const uint8_t *q, size_t next, __m512i *ia, __m512i *ib) {
     const __m512i shifts = _mm512_set_epi64(0x000c000c000c000cLL, 0x000c000c000c000cLL, 0x0004000400040004LL,
                                             0x0004000400040004LL, 0x0008000800080008LL, 0x0008000800080008LL, 0, 0);
     const __m512i nib = _mm512_set1_epi16(0x0f), col_b = _mm512_set1_epi16(0x10);
+    *ia = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q)), shifts), nib);
+    *ib = _mm512_ternarylogic_epi32(
+        _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(q + next))), shifts), nib, col_b,
+        0xEA); /* (x & nib) | col_b */
+}
+
+/* dq_strip's 4-bit blocks, two columns at a time. The 16-entry fp32 tables d*j + m of column c's
+ * and c + 1's block kb are rounded into one 32-entry bf16 table (one conversion for both) and
+ * picked from with vpermw (q4_pick_indices). With rest, what the rounding left is rounded into a
+ * second table the same way (bf16_rest) and picked with the same indices. Against one column at a
+ * time: the same values, half the conversions, and Q4_K's scales computed a super-block at a time
+ * in a vector (a Q4_K matmul on AMX tiles in two terms, 16 rows: 1.2x). */
+INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t col_step, size_t blk_step,
+                        uint16_t *rest) {
+    const int NB = w->k / 32;
     const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1);
     const float *sc = w->sc; /* in a register: through w it was reloaded every block, buf may alias */
     for (int c = 0; c < 16; c += 2) {
@@ -101,11 +176,8 @@ INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t co
             const __m512 ta = _mm512_fmadd_ps(_mm512_set1_ps(a0), J, _mm512_set1_ps(a1));
             const __m512 tb = _mm512_fmadd_ps(_mm512_set1_ps(b0), J, _mm512_set1_ps(b1));
             const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(tb, ta);
-            const __m512i ia = _mm512_and_si512(
-                _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q)), shifts), nib);
-            const __m512i ib = _mm512_ternarylogic_epi32(
-                _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(q + (size_t)NB * 16))), shifts),
-                nib, col_b, 0xEA); /* (x & nib) | col_b */
+            __m512i ia, ib;
+            q4_pick_indices(q, (size_t)NB * 16, &ia, &ib);
             _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(ia, hi));
             _mm512_storeu_si512(dst + col_step, _mm512_permutexvar_epi16(ib, hi));
             if (rest) {
@@ -179,7 +251,7 @@ static void mm_dpbf16_team(const sk_w *w, int M, const float *x, int ldx, uint32
                            sk_team *t) {
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
     share_begin(t, N / 16);
-    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, NULL, t);
+    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, NULL, NULL, t);
     team_barrier(t);
     uint16_t *buf = strip_buffer((size_t)16 * K * 2);
     int s0, s1;
@@ -226,7 +298,7 @@ static void mm_amx_team(const sk_w *w, int M, const float *x, int ldx, uint32_t 
     const int N = w->n, K = w->k, NB = K / 32, MT = (M + 15) / 16;
     uint32_t *xl = two ? xb + (size_t)MT * NB * 256 : NULL;
     share_begin(t, (N + 31) / 32);
-    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, xl, t);
+    pack_x_team(x, ldx, M, K, w->fmt == SK_Q4_1 || w->fmt == SK_Q4_0 || w->fmt == SK_Q4_K, xb, xl, NULL, t);
     team_barrier(t);
     uint16_t *buf = strip_buffer((size_t)(two ? 64 : 32) * K * 2); /* wh of both column tiles, then wl */
     uint16_t *wl = two ? buf + (size_t)32 * K : NULL;

@@ -63,11 +63,13 @@ INLINE void q4_scales(int fmt, const sk_w *w, size_t b, float *s0, float *s1) {
 #ifdef __AVX512F__
 /* q4k_scale of the 8 blocks of the super-block that starts at block b: s0 in out[0..7], s1 in
  * out[8..15], in one vector */
-INLINE void q4k_scales8(const float *sc, size_t b, float *out) {
+INLINE __m512 q4k_scales8_v(const float *sc, size_t b) {
     const float *S = sc + 6 * (b >> 3);
     const __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(S + 2))));
-    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(S[0]), _mm512_set1_ps(-S[1])), u));
+    return _mm512_mul_ps(_mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(S[0]), _mm512_set1_ps(-S[1])), u);
 }
+
+INLINE void q4k_scales8(const float *sc, size_t b, float *out) { _mm512_storeu_ps(out, q4k_scales8_v(sc, b)); }
 
 /* Block kb of row n -> lo = values 0..15, hi = values 16..31, bit-identical to gguf's dequantize
  * (Q4_1 d*q + m, Q4_0 d*(q-8), Q8_0 q*d, in fp32). The 4-bit formats dequantize a 16-entry table

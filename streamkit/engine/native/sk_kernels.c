@@ -75,6 +75,9 @@
 #if SK_BF16
 #include "sk_bf16.h"
 #endif
+#if SK_AMX
+#include "sk_amx4.h"
+#endif
 #if SK_VNNI || SK_I16
 #include "sk_int8.h"
 #endif
@@ -91,9 +94,12 @@ static int g_amx = 0; /* AMX compiled in, present and granted by the kernel */
 #define SK_STRIP_MIN_ROWS 8
 
 /* the batched paths' packed-activation buffer, for `rows` rows of at most `k` inputs: per 16 rows
- * and block of 32, the AMX path's two bf16 tiles (x and what its rounding left), or the int8 path's
- * two terms and their scales */
-static size_t xb_elems(int rows, int k) { return (size_t)((rows + 15) / 16) * (k / 32) * 512; }
+ * and block of 32, the AMX paths' two bf16 tiles (x and what its rounding left) and the rows' sums
+ * of x in three bf16 terms, blocks padded to a multiple of 32 (sk_bf16.h pack_sum); or the int8
+ * path's two terms and their scales */
+static size_t xb_elems(int rows, int k) {
+    return (size_t)((rows + 15) / 16) * ((size_t)(k / 32) * 512 + (size_t)(k / 32 + 31) / 32 * 32 * 24);
+}
 
 static int use_bf16(const sk_w *w, int M, int bf16_min_rows) {
     return SK_BF16 && bf16_min_rows > 0 && M >= bf16_min_rows && w->n % 16 == 0;
@@ -151,7 +157,8 @@ static void matmul_team(const sk_w *w, int M, const float *x, int ldx, float *y,
 #if SK_BF16
     if (use_bf16(w, M, bf16_min_rows)) {
 #if SK_AMX
-        if (g_amx) mm_amx_team(w, M, x, ldx, xb, y, ldy, acc, i8_two, t);
+        if (g_amx && i8_two && amx4_format(w->fmt)) mm_amx4_team(w, M, x, ldx, xb, y, ldy, acc, t);
+        else if (g_amx) mm_amx_team(w, M, x, ldx, xb, y, ldy, acc, i8_two, t);
         else
 #endif
             mm_dpbf16_team(w, M, x, ldx, xb, y, ldy, acc, t);
