@@ -8,8 +8,9 @@
  * products a block), and that dequantizing (a 16-entry fp32 table a block rounded twice and picked
  * from) was half of a 16-row prefill step of the 1.5B (docs/engine.md, *Where a prefill step's
  * time goes on AMX*); here the strip's values come from one constant table, and the weights are
- * exact. Matmuls at 16 rows (Intel Xeon, 2 threads): the 1.5B's Q4_K gate 1.31x, down 1.22x,
- * SmolLM2's Q4_1 1.2x; 128 rows 1.00x (the scaling grows with the rows, the dequantizing did not).
+ * exact. Matmuls against that path (Intel Xeon, 2 threads): the 1.5B's Q4_K gate at 9-32 rows
+ * 1.29-1.38x, its down projection at 16 rows 1.44x, SmolLM2's Q4_1 1.14-1.17x; at 128 rows 1.07x
+ * (the scaling grows with the rows, the dequantizing did not).
  *
  * Layouts: the strip is bf16 [16 columns][K] in Q4_ORDER (the A operand, as mm_amx_team's), Q4_K's
  * scales [16][K/32] and the offsets' two terms [16][padded_blocks] beside it (Q4_1's and Q4_0's
