@@ -21,38 +21,19 @@
 
 INLINE int amx4_format(int fmt) { return fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q4_K; }
 
-/* where a column's block scales are: s0[c * cs + kb * bs] */
-typedef struct {
-    const float *s0;
-    size_t cs, bs;
-} amx4_scales;
-
 /* bytes of one strip: its integers, Q4_K's scales and the offsets' two bf16 terms */
 INLINE size_t amx4_strip_bytes(int K) {
     const int NB = K / 32;
     return (size_t)16 * K * 2 + (size_t)16 * NB * 4 + 2 * (size_t)16 * padded_blocks(NB) * 2;
 }
 
-/* 16 columns from n0 -> the bf16 integers t in Q4_ORDER (dq_strip_q4's picks, from a constant table)
+/* 16 columns from n0 -> the bf16 integers t in Q4_ORDER (dq_strip_q4 with ints)
  * at buf; for Q4_K the blocks' scales into s0 [16][K/32]; each block's offset as two bf16 terms into
  * oh / ol [16][padded_blocks] (zeros past K; none for Q4_0) */
-static amx4_scales amx4_strip(const sk_w *wp, int n0, uint16_t *buf, float *s0, uint16_t *oh, uint16_t *ol) {
+static blk_scales amx4_strip(const sk_w *wp, int n0, uint16_t *buf, float *s0, uint16_t *oh, uint16_t *ol) {
     const sk_w lw = *wp, *w = &lw; /* a local copy: the stores below cannot alias it */
     const int K = w->k, NB = K / 32, NBp = padded_blocks(NB);
-    const __m512 J = _mm512_loadu_ps(w->fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1);
-    const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(J, J); /* both columns' halves: exact integers */
-    for (int c = 0; c < 16; c += 2) {
-        const size_t ba = (size_t)(n0 + c) * NB;
-        const uint8_t *q = w->qs + ba * 16;
-        uint16_t *dst = buf + (size_t)c * K;
-        prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 2);
-        for (int kb = 0; kb < NB; kb++, q += 16, dst += 32) {
-            __m512i ia, ib;
-            q4_pick_indices(q, (size_t)NB * 16, &ia, &ib);
-            _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(ia, table));
-            _mm512_storeu_si512(dst + K, _mm512_permutexvar_epi16(ib, table));
-        }
-    }
+    dq_strip_q4(w->fmt, w, n0, buf, K, 32, NULL, 1);
     for (int c = 0; c < 16 && w->fmt != SK_Q4_0; c++) {
         const size_t ba = (size_t)(n0 + c) * NB;
         uint16_t *h = oh + (size_t)c * NBp, *l = ol + (size_t)c * NBp;
@@ -73,12 +54,11 @@ static amx4_scales amx4_strip(const sk_w *wp, int n0, uint16_t *buf, float *s0, 
                 bf16_split16(_mm512_permutex2var_ps(a, odd, b), h + kb, l + kb);
             }
     }
-    if (w->fmt == SK_Q4_K) return (amx4_scales){s0, NB, 1};
-    return (amx4_scales){wp->sc + n0 * (size_t)NB * 2, 2 * (size_t)NB, 2};
+    return w->fmt == SK_Q4_K ? (blk_scales){s0, NULL, NB, 1} : weight_scales(wp, n0); /* offsets: amx4_offsets */
 }
 
 /* r[c] += s0 * (the stored block products of column c) */
-INLINE void amx4_scale(__m512 r[16], const float *prod, amx4_scales sc, int kb) {
+INLINE void amx4_scale(__m512 r[16], const float *prod, blk_scales sc, int kb) {
     const float *a = sc.s0 + kb * sc.bs;
 #pragma GCC unroll 16
     for (int c = 0; c < 16; c++)
@@ -126,7 +106,7 @@ static void amx4_offsets(const uint16_t *oh, const uint16_t *ol, int NBp, const 
 /* the strip's 16 columns times one 16-row tile of x: out[c * 16 + m] = column c's row m. The sums
  * stay in registers in between: a pointer from the caller kept them on the stack, reloaded around
  * every tile instruction. */
-static void amx4_tile(const uint16_t *u, int K, const uint32_t *xh, const uint32_t *xl, amx4_scales sc, float *out) {
+static void amx4_tile(const uint16_t *u, int K, const uint32_t *xh, const uint32_t *xl, blk_scales sc, float *out) {
     const int NB = K / 32;
     float prod[2][16 * 16] __attribute__((aligned(64)));
     __m512 r[16];
@@ -165,7 +145,7 @@ static void mm_amx4_team(const sk_w *w, int M, const float *x, int ldx, uint32_t
     int a0, a1;
     while (share_next(t, 1, 1, &a0, &a1)) {
         const int n0 = a0 * 16;
-        const amx4_scales sc = amx4_strip(w, n0, u, s0, oh, ol);
+        const blk_scales sc = amx4_strip(w, n0, u, s0, oh, ol);
         __asm__ volatile("" ::: "memory"); /* the tile loads (asm without a memory operand) read the strip */
         for (int mt = 0; mt < MT; mt++) {
             const size_t at = (size_t)mt * NB;

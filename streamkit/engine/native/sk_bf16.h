@@ -149,11 +149,13 @@ INLINE void q4_pick_indices(const uint8_t *q, size_t next, __m512i *ia, __m512i 
  * picked from with vpermw (q4_pick_indices). With rest, what the rounding left is rounded into a
  * second table the same way (bf16_rest) and picked with the same indices. Against one column at a
  * time: the same values, half the conversions, and Q4_K's scales computed a super-block at a time
- * in a vector (a Q4_K matmul on AMX tiles in two terms, 16 rows: 1.2x). */
+ * in a vector (a Q4_K matmul on AMX tiles in two terms, 16 rows: 1.2x). With ints, the blocks'
+ * integers instead (q, Q4_0's q - 8: exact in bf16), from one constant table (sk_amx4.h). */
 INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t col_step, size_t blk_step,
-                        uint16_t *rest) {
+                        uint16_t *rest, int ints) {
     const int NB = w->k / 32;
     const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1);
+    const __m512i int_table = (__m512i)_mm512_cvtne2ps_pbh(J, J); /* both columns' halves */
     const float *sc = w->sc; /* in a register: through w it was reloaded every block, buf may alias */
     for (int c = 0; c < 16; c += 2) {
         const size_t ba = (size_t)(n0 + c) * NB; /* column c's first block; c + 1's is NB later */
@@ -162,6 +164,13 @@ INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t co
         prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 2);
         float sa[16], sb[16]; /* Q4_K: the scales of a super-block's 8 blocks, then their offsets */
         for (int kb = 0; kb < NB; kb++, q += 16, dst += blk_step, rdst += rest ? blk_step : 0) {
+            __m512i ia, ib;
+            q4_pick_indices(q, (size_t)NB * 16, &ia, &ib);
+            if (ints) {
+                _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(ia, int_table));
+                _mm512_storeu_si512(dst + col_step, _mm512_permutexvar_epi16(ib, int_table));
+                continue;
+            }
             float a0, a1, b0, b1;
             if (fmt == SK_Q4_K) {
                 if (!(kb & 7)) {
@@ -176,8 +185,6 @@ INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t co
             const __m512 ta = _mm512_fmadd_ps(_mm512_set1_ps(a0), J, _mm512_set1_ps(a1));
             const __m512 tb = _mm512_fmadd_ps(_mm512_set1_ps(b0), J, _mm512_set1_ps(b1));
             const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(tb, ta);
-            __m512i ia, ib;
-            q4_pick_indices(q, (size_t)NB * 16, &ia, &ib);
             _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(ia, hi));
             _mm512_storeu_si512(dst + col_step, _mm512_permutexvar_epi16(ib, hi));
             if (rest) {
@@ -197,7 +204,7 @@ INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf, int il, uint
     /* il: block-interleaved, [K/32][16 columns][32] (dp_tile), else [16 columns][K] (AMX tiles) */
     const size_t col_step = il ? 32 : (size_t)K, blk_step = il ? 512 : 32;
     if (fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q4_K) {
-        dq_strip_q4(fmt, w, n0, buf, col_step, blk_step, rest);
+        dq_strip_q4(fmt, w, n0, buf, col_step, blk_step, rest, 0);
         return;
     }
     for (int c = 0; c < 16; c++) {

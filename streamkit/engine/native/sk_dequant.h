@@ -50,6 +50,26 @@ INLINE void q4k_scale(const float *sc, size_t b, float *s0, float *s1) {
     *s1 = -(S[1] * (float)u[8 + (b & 7)]);
 }
 
+/* Where an integer kernel reads column c's scales of block kb: s0[c * cs + kb * bs], and s1 likewise
+ * where the format has an offset (s1 NULL: none). s0 multiplies the integers as those kernels
+ * unpack them: Q4_0 as q - 8 and Q8_0 signed, so neither has an offset. */
+typedef struct {
+    const float *s0, *s1;
+    size_t cs, bs;
+} blk_scales;
+
+/* the scales of the columns from n0 where the weight keeps them (Q4_1, Q4_0, Q8_0); s0 NULL for the
+ * formats whose scales a kernel computes (Q4_K) */
+INLINE blk_scales weight_scales(const sk_w *w, int n0) {
+    const size_t NB = w->k / 32;
+    switch (w->fmt) {
+    case SK_Q4_1: return (blk_scales){w->sc + n0 * NB * 2, w->sc + n0 * NB * 2 + 1, 2 * NB, 2};
+    case SK_Q4_0: return (blk_scales){w->sc + n0 * NB * 2, NULL, 2 * NB, 2};
+    case SK_Q8_0: return (blk_scales){w->sc + n0 * NB, NULL, NB, 1};
+    default: return (blk_scales){NULL, NULL, 0, 0};
+    }
+}
+
 /* the (scale, offset) of a 4-bit block: value = s0 * q + s1 (q - 8 for Q4_0, see J_Q4_0) */
 INLINE void q4_scales(int fmt, const sk_w *w, size_t b, float *s0, float *s1) {
     if (fmt == SK_Q4_K) {

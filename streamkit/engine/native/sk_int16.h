@@ -9,7 +9,7 @@
  *
  * Layouts: a strip of 16 output columns as int16 [K/32][16 columns][32] (u, from strip_any), its
  * scales s0, s1 read where the weight keeps them (Q4_K's computed into [K/32][16] beside the strip:
- * i16_scales); x in tiles of 8 rows, [8-row tile][K/32][16 pairs of k][8 rows][2] int16, so one ymm
+ * i16_scales_of); x in tiles of 8 rows, [8-row tile][K/32][16 pairs of k][8 rows][2] int16, so one ymm
  * holds a k pair of 8 rows and a column's pair is one dword broadcast, with dx and dx * sum(qx)
  * [8-row tile][K/32][8]. Included by sk_kernels.c only, where SK_I16 is set. */
 #ifndef SK_INT16_H
@@ -56,23 +56,12 @@ static void i16_pack_x_team(const float *x, int ldx, int M, int K, int16_t *xq, 
     }
 }
 
-/* Where i16_tile reads column c's scales of block kb: s0[c * cs + kb * bs], and s1 likewise where
- * the format has an offset (s1 NULL: none). Q4_1, Q4_0 and Q8_0 keep theirs in the weight (Q4_0 and
- * Q8_0 have no offset in int16, their values signed), so the strip holds only Q4_K's: the strip's
- * scattered scale stores were a quarter of its unpacking. */
-typedef struct {
-    const float *s0, *s1;
-    size_t cs, bs;
-} i16_scales;
-
-static i16_scales i16_scales_of(const sk_w *w, int n0, const float *strip_s0, const float *strip_s1) {
-    const size_t NB = w->k / 32;
-    switch (w->fmt) {
-    case SK_Q4_1: return (i16_scales){w->sc + n0 * NB * 2, w->sc + n0 * NB * 2 + 1, 2 * NB, 2};
-    case SK_Q4_0: return (i16_scales){w->sc + n0 * NB * 2, NULL, 2 * NB, 2};
-    case SK_Q8_0: return (i16_scales){w->sc + n0 * NB, NULL, NB, 1};
-    default: return (i16_scales){strip_s0, strip_s1, 1, 16};
-    }
+/* Where i16_tile reads a strip's scales: Q4_1, Q4_0 and Q8_0 keep theirs in the weight, so the strip
+ * holds only Q4_K's (strip_s0 / strip_s1 [K/32][16]): the strip's scattered scale stores were a
+ * quarter of its unpacking. */
+static blk_scales i16_scales_of(const sk_w *w, int n0, const float *strip_s0, const float *strip_s1) {
+    const blk_scales in_weight = weight_scales(w, n0);
+    return in_weight.s0 ? in_weight : (blk_scales){strip_s0, strip_s1, 1, 16};
 }
 
 /* f += acc * dx * s0 (+ dx * sum(qx) * s1 where off) for one 8-row half of a column */
@@ -91,7 +80,7 @@ INLINE void i16_scale(__m256i acc, __m256 d, __m256 ds, __m256 s0, __m256 s1, fl
  * k pairs are unrolled whole: GCC kept a rolled loop's accumulators on the stack (Intel Xeon, 16
  * rows: 4.0 against 4.25 ms for the head); vpmaddwd + vpaddd spilled when unrolled whole (20 %
  * slower), so that build unrolls 4. */
-INLINE void i16_tile(const int16_t *u, i16_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
+INLINE void i16_tile(const int16_t *u, blk_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
                      const float *dxsa, const float *dxb, const float *dxsb, int NB, int c0, int NC, float *out,
                      int two_tiles, int off, sk_pf *pf, size_t pf_per_block) {
     for (int c = 0; c < NC; c++)
@@ -130,7 +119,7 @@ INLINE void i16_tile(const int16_t *u, i16_scales sc, const int16_t *xa, const i
 }
 
 /* a strip's 16 columns of two 8-row tiles, 4 columns a pass (8 chains), or of one tile, 8 a pass */
-INLINE void i16_tiles_strip_as(const int16_t *u, i16_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
+INLINE void i16_tiles_strip_as(const int16_t *u, blk_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
                                const float *dxsa, const float *dxb, const float *dxsb, int NB, float *ctile,
                                int two_tiles, int off, sk_pf *pf, size_t pf_per_block) {
     if (two_tiles) {
@@ -144,7 +133,7 @@ INLINE void i16_tiles_strip_as(const int16_t *u, i16_scales sc, const int16_t *x
 
 /* ... and, with two tiles, pf_per_block lines of pf (the next strip's weights) prefetched each block of
  * each pass */
-static void i16_tiles_strip(const int16_t *u, i16_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
+static void i16_tiles_strip(const int16_t *u, blk_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
                             const float *dxsa, const float *dxb, const float *dxsb, int NB, float *ctile,
                             int two_tiles, sk_pf *pf, size_t pf_per_block) {
     if (sc.s1) i16_tiles_strip_as(u, sc, xa, xb, dxa, dxsa, dxb, dxsb, NB, ctile, two_tiles, 1, pf, pf_per_block);
@@ -179,7 +168,7 @@ static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbu
          * strip is unpacked, with two a few lines each block of the first pair's passes (16-row
          * steps 1.05x; with one tile that ran 4-8 % slower than prefetching while unpacking) */
         strip_any(w, n0, (int16_t *)u, s0, s1, MT == 1);
-        const i16_scales sc = i16_scales_of(w, n0, s0, s1);
+        const blk_scales sc = i16_scales_of(w, n0, s0, s1);
         sk_pf pf = pf_rows(w, n0 + 16, MT == 1 ? 0 : 16);
         const size_t per = (pf_lines(&pf) + 4 * NB - 1) / (4 * NB);
         for (int mt = 0; mt < MT; mt += 2) {

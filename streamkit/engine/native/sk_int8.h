@@ -83,7 +83,7 @@ static void i8_pack_x_team(const float *x, int ldx, int M, int K, uint8_t *xq, f
  * below (Q8_0 as q + 128), int16 for sk_int16.h's in the avx2 build (written in the same pass:
  * widening a u8 strip afterwards was a second pass over it). The int16 strip holds Q8_0 as its
  * signed q and Q4_0 as q - 8, so neither has an offset, and the kernel reads the Q4_1, Q4_0 and
- * Q8_0 scales where the weight keeps them (sk_int16.h, i16_scales): only Q4_K's are written, the
+ * Q8_0 scales where the weight keeps them (sk_dequant.h, weight_scales): only Q4_K's are written, the
  * scattered scale stores having been a quarter of the unpacking. */
 #if SK_I16
 typedef int16_t strip_t;
