@@ -33,7 +33,7 @@ INLINE size_t amx4_strip_bytes(int K) {
 static blk_scales amx4_strip(const sk_w *wp, int n0, uint16_t *buf, float *s0, uint16_t *oh, uint16_t *ol) {
     const sk_w lw = *wp, *w = &lw; /* a local copy: the stores below cannot alias it */
     const int K = w->k, NB = K / 32, NBp = padded_blocks(NB);
-    dq_strip_q4(w->fmt, w, n0, buf, K, 32, NULL, 1);
+    dq_strip_q4(w->fmt, w, n0, buf, K, 32, NULL, 1, 0); /* mm_amx4_team prefetches the next strip */
     for (int c = 0; c < 16 && w->fmt != SK_Q4_0; c++) {
         const size_t ba = (size_t)(n0 + c) * NB;
         uint16_t *h = oh + (size_t)c * NBp, *l = ol + (size_t)c * NBp;
@@ -94,6 +94,7 @@ static void amx4_offsets(const uint16_t *oh, const uint16_t *ol, int NBp, const 
  * expansions of this macro: sums 0 / 1, weights 2 / 3, xh 4 / 5, xl 6 / 7. */
 #define AMX4_BLOCK(C, W, XH, XL, kb, prod)                                                                            \
     do {                                                                                                           \
+        pf_some(pf, pf_per_block);                                                                                 \
         _tile_loadd(W, u + (size_t)(kb) * 32, K * 2);                                                              \
         _tile_loadd(XH, xh + (size_t)(kb) * 256, 64);                                                              \
         _tile_loadd(XL, xl + (size_t)(kb) * 256, 64);                                                              \
@@ -106,7 +107,8 @@ static void amx4_offsets(const uint16_t *oh, const uint16_t *ol, int NBp, const 
 /* the strip's 16 columns times one 16-row tile of x: out[c * 16 + m] = column c's row m. The sums
  * stay in registers in between: a pointer from the caller kept them on the stack, reloaded around
  * every tile instruction. */
-static void amx4_tile(const uint16_t *u, int K, const uint32_t *xh, const uint32_t *xl, blk_scales sc, float *out) {
+static void amx4_tile(const uint16_t *u, int K, const uint32_t *xh, const uint32_t *xl, blk_scales sc, float *out,
+                      sk_pf *pf, size_t pf_per_block) {
     const int NB = K / 32;
     float prod[2][16 * 16] __attribute__((aligned(64)));
     __m512 r[16];
@@ -147,9 +149,11 @@ static void mm_amx4_team(const sk_w *w, int M, const float *x, int ldx, uint32_t
         const int n0 = a0 * 16;
         const blk_scales sc = amx4_strip(w, n0, u, s0, oh, ol);
         __asm__ volatile("" ::: "memory"); /* the tile loads (asm without a memory operand) read the strip */
+        sk_pf pf = pf_rows(w, n0 + 16, 16); /* the next strip's weights, spread over this one's blocks */
+        const size_t per = (pf_lines(&pf) + (size_t)MT * NB - 1) / ((size_t)MT * NB);
         for (int mt = 0; mt < MT; mt++) {
             const size_t at = (size_t)mt * NB;
-            amx4_tile(u, K, xb + at * 256, xl + at * 256, sc, out);
+            amx4_tile(u, K, xb + at * 256, xl + at * 256, sc, out, &pf, per);
             if (w->fmt != SK_Q4_0) amx4_offsets(oh, ol, NBp, sums + (size_t)mt * NBp * 48, out);
             __m512 r[16];
             for (int c = 0; c < 16; c++) r[c] = _mm512_load_ps(out + c * 16);

@@ -150,9 +150,12 @@ INLINE void q4_pick_indices(const uint8_t *q, size_t next, __m512i *ia, __m512i 
  * second table the same way (bf16_rest) and picked with the same indices. Against one column at a
  * time: the same values, half the conversions, and Q4_K's scales computed a super-block at a time
  * in a vector (a Q4_K matmul on AMX tiles in two terms, 16 rows: 1.2x). With ints, the blocks'
- * integers instead (q, Q4_0's q - 8: exact in bf16), from one constant table (sk_amx4.h). */
+ * integers instead (q, Q4_0's q - 8: exact in bf16), from one constant table (sk_amx4.h). With
+ * ahead, the rows SK_STRIP_AHEAD on are prefetched while unpacking; sk_amx4.h instead spreads the
+ * next strip's lines over its tile products (prefill steps of the 1.5B 1.03-1.06x; the same in
+ * mm_amx_team, for Q6_K, measured no change). */
 INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t col_step, size_t blk_step,
-                        uint16_t *rest, int ints) {
+                        uint16_t *rest, int ints, int ahead) {
     const int NB = w->k / 32;
     const __m512 J = _mm512_loadu_ps(fmt == SK_Q4_0 ? J_Q4_0 : J_Q4_1);
     const __m512i int_table = (__m512i)_mm512_cvtne2ps_pbh(J, J); /* both columns' halves */
@@ -161,7 +164,7 @@ INLINE void dq_strip_q4(int fmt, const sk_w *w, int n0, uint16_t *buf, size_t co
         const size_t ba = (size_t)(n0 + c) * NB; /* column c's first block; c + 1's is NB later */
         const uint8_t *q = w->qs + ba * 16;
         uint16_t *dst = buf + c * col_step, *rdst = rest ? rest + c * col_step : NULL;
-        prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 2);
+        if (ahead) prefetch_rows(w, n0 + c + SK_STRIP_AHEAD, 2);
         float sa[16], sb[16]; /* Q4_K: the scales of a super-block's 8 blocks, then their offsets */
         for (int kb = 0; kb < NB; kb++, q += 16, dst += blk_step, rdst += rest ? blk_step : 0) {
             __m512i ia, ib;
@@ -204,7 +207,7 @@ INLINE void dq_strip(int fmt, const sk_w *w, int n0, uint16_t *buf, int il, uint
     /* il: block-interleaved, [K/32][16 columns][32] (dp_tile), else [16 columns][K] (AMX tiles) */
     const size_t col_step = il ? 32 : (size_t)K, blk_step = il ? 512 : 32;
     if (fmt == SK_Q4_1 || fmt == SK_Q4_0 || fmt == SK_Q4_K) {
-        dq_strip_q4(fmt, w, n0, buf, col_step, blk_step, rest, 0);
+        dq_strip_q4(fmt, w, n0, buf, col_step, blk_step, rest, 0, 1);
         return;
     }
     for (int c = 0; c < 16; c++) {
