@@ -194,15 +194,17 @@ async def test_tts_speaks_spanish_sentence_by_sentence_and_stops_on_interrupt():
     assert sum(f.duration for f in cut) < full_s / 2, "the interrupt dropped the rest of the text"
 
 
-async def test_first_piece_of_an_answer_is_urgent_on_every_core():
+@pytest.mark.parametrize("lead_s", [0.0, 60.0])
+async def test_first_piece_of_an_answer_is_urgent_on_every_core(lead_s):
     """The first piece of each answer is synthesised on every core while holding them urgently
-    (the engine pauses for it, streamkit.cores); the rest on `threads` without urgency."""
+    (the engine pauses for it, streamkit.cores); the rest on `threads` without urgency, unless less
+    than urgent_lead_s of the answer's audio is left to play (60 s: always here)."""
     from streamkit import cores
     from streamkit.frames import TextFrame
     from streamkit.stage import StageContext
     from streamkit.stages.tts import TTS
 
-    stage = TTS(TTS.Config(name="tts", language="es", first_min_chars=12, first_max_chars=12),
+    stage = TTS(TTS.Config(name="tts", language="es", first_min_chars=12, first_max_chars=12, urgent_lead_s=lead_s),
                 StageContext("t", "s"))
     await stage.start()
     calls: list[tuple[str, str, int, int]] = []
@@ -224,7 +226,8 @@ async def test_first_piece_of_an_answer_is_urgent_on_every_core():
             audio += len(f.samples)
     assert audio > 0
     n = cores.count()
-    assert [c[:2] for c in calls] == [("first", "Buenos días"), ("other", "a todos, gracias por venir.")] * 2, calls
+    later = "first" if lead_s else "other"
+    assert [c[:2] for c in calls] == [("first", "Buenos días"), (later, "a todos, gracias por venir.")] * 2, calls
     assert all(c[2:] == (n, 1) for c in calls if c[0] == "first"), calls
     assert all(c[2:] == (1, 0) for c in calls if c[0] == "other"), calls
     assert stage.first_threads == n and (n == 1 or first_voice is not other_voice)

@@ -54,7 +54,7 @@ def test_sentence_splitter_streams_sentences():
 def test_sentence_splitter_cuts_first_clause_early():
     sp = SentenceSplitter(first_min_chars=20)
     assert sp.feed("Well, the weather today is lovely, and ") == ["Well, the weather today is lovely,"]
-    assert sp.feed("tomorrow it rains") == []  # later pieces wait for a sentence end
+    assert sp.feed("tomorrow it rains") == []  # the next piece: a sentence end or twice the length
 
 
 def test_voice_names():
@@ -67,8 +67,22 @@ def test_sentence_splitter_first_piece_word_boundary():
     sp = SentenceSplitter(first_min_chars=1000, first_max_chars=20)
     out = sp.feed("El libro de la casa grande es")
     assert out == ["El libro de la casa"]
-    assert sp.feed(" muy bonito y") == []  # after the first piece: whole sentences
+    assert sp.feed(" muy bonito y") == []  # the second piece may be cut past 40 characters
     assert sp.feed(" viejo. Hola") == ["grande es muy bonito y viejo."]
+
+
+def test_sentence_splitter_early_pieces_double():
+    """Without a sentence end, each early piece is cut at a word boundary past twice the limit of
+    the one before (12, 24, 48 characters), until the limits pass max_chars."""
+    sp = SentenceSplitter(max_chars=60, first_min_chars=12, first_max_chars=12)
+    words = "Comencemos con una actualización rápida de cada equipo y luego hablaremos del presupuesto del año"
+    out = []
+    for word in words.split(" "):
+        out += sp.feed(word + " ")
+    assert out == ["Comencemos", "con una actualización", "rápida de cada equipo y luego hablaremos del"]
+    assert [len(p) for p in out] == [10, 21, 44]
+    assert sp.feed("que viene sin prisa") == []  # 96 > max_chars: whole sentences (or max_chars) again
+    assert sp.flush() == ["presupuesto del año que viene sin prisa"]
 
 
 def test_vad_ignores_clicks_and_silence():
@@ -187,3 +201,18 @@ def test_one_cache_root_for_models_and_kernels(monkeypatch, tmp_path):
     assert (cache.models_dir(), cache.native_dir()) == (tmp_path / "sk" / "models", tmp_path / "sk" / "native")
     monkeypatch.setenv("STREAMKIT_MODEL_CACHE", str(tmp_path / "models"))
     assert (cache.models_dir(), cache.native_dir()) == (tmp_path / "models", tmp_path / "sk" / "native")
+
+
+def test_dubbing_bench_counts_the_silence_a_listener_hears():
+    """bench dubbing's stall: pieces played back to back as they arrive; a piece that arrives after
+    the one before has finished leaves a silence, one that arrives early waits its turn."""
+    from streamkit.bench.dubbing import _stall_s
+    from streamkit.frames import AudioFrame
+
+    def frame(seconds: float) -> AudioFrame:
+        return AudioFrame(np.zeros(int(24000 * seconds), np.float32), 24000)
+
+    # 0.5 s piece at 1.0 (plays to 1.5), the next at 2.0 (0.5 s of silence, plays to 3.0), one at 2.5 (queued)
+    assert _stall_s([(1.0, frame(0.5)), (2.0, frame(1.0)), (2.5, frame(0.2))]) == pytest.approx(0.5)
+    assert _stall_s([(1.0, frame(0.5)), (1.2, frame(0.5))]) == 0.0
+    assert _stall_s([]) == 0.0

@@ -56,6 +56,8 @@ def prompts(limit: int, min_words: int = 4, sounds: Path = SOUNDS, transcripts: 
         wav = sounds / f"{name}.wav"
         if "/" not in name and wav.exists() and len(text.split()) >= min_words:
             found.append((wav, text))
+    if not found:  # the transcripts without the -wav package: its prompts are other encodings
+        raise SystemExit(f"{missing} (no .wav prompts in {sounds})")
     found.sort(key=lambda p: p[0].name)
     return found[:limit]
 

@@ -1,6 +1,7 @@
 """streamkit bench dubbing: English hibari speech through vad -> asr -> llm (translate) -> tts at
 real-time pace; latency from the end of each utterance's voiced audio to the first byte of its
-dubbed audio (p50/p95), plus the ASR final and the first translated piece on the way."""
+dubbed audio (p50/p95), plus the ASR final and the first translated piece on the way, and the
+silences inside each utterance's dubbed speech (its audio played back to back as it arrives)."""
 
 from __future__ import annotations
 
@@ -98,8 +99,11 @@ async def _run(args: argparse.Namespace) -> int:
     }
     tts_frames = [(c, f) for c, f in out if isinstance(f, AudioFrame) and f.source == tts_name]
     bounds = [t for t in starts if t is not None] + [float("inf")]
-    dubbed = [np.concatenate([f.samples for c, f in tts_frames if a <= c < b] or [np.zeros(0, np.float32)])
-              for a, b in pairwise(bounds)]
+    windows = [[(c, f) for c, f in tts_frames if a <= c < b] for a, b in pairwise(bounds)]
+    dubbed = [np.concatenate([f.samples for _, f in w] or [np.zeros(0, np.float32)]) for w in windows]
+    stalls = [_stall_s(w) * 1000 for w in windows]
+    result["dubbed_stall_ms_p50"] = round(percentile(stalls, 50), 1)
+    result["dubbed_stall_ms_max"] = round(max(stalls, default=0.0), 1)
     spoken = [t for t, s0 in zip(translations, starts) if s0 is not None]
     language = getattr(llm_cfg, "target_language", "es")
     rate = spec.output_audio.sample_rate
@@ -120,6 +124,21 @@ async def _run(args: argparse.Namespace) -> int:
     for t, tr, heard in zip(texts, translations, quality["dubbed_heard"]):
         log(f"  {t}\n   -> {tr}\n   heard: {heard}")
     log(f"bench dubbing: first audio p50 {result['first_audio_ms_p50']} ms, p95 {result['first_audio_ms_p95']} ms "
-        f"(asr final p50 {result['asr_final_ms_p50']} ms, first translated piece p50 {result['first_text_ms_p50']} ms)")
+        f"(asr final p50 {result['asr_final_ms_p50']} ms, first translated piece p50 {result['first_text_ms_p50']} ms); "
+        f"silence inside an utterance's dubbed speech p50 {result['dubbed_stall_ms_p50']} ms, "
+        f"max {result['dubbed_stall_ms_max']} ms")
     print_result(result, args.json)
     return 0
+
+
+def _stall_s(frames: list) -> float:
+    """The silence a listener hears inside one utterance's dubbed audio: its frames [(arrival s,
+    AudioFrame)] played back to back from the first, each as soon as it has arrived and the one
+    before it has played."""
+    stall, played_to = 0.0, None
+    for arrival, frame in frames:
+        if played_to is not None and arrival > played_to:
+            stall += arrival - played_to
+        start = arrival if played_to is None else max(arrival, played_to)
+        played_to = start + len(frame.samples) / frame.sample_rate
+    return stall

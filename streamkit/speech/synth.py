@@ -68,7 +68,11 @@ class SentenceSplitter:
     piece longer than `max_chars` is cut at a clause mark or a space so speech starts early even
     when the text has no full stops. The first piece may be cut at a clause mark once it has
     `first_min_chars`, or at a word boundary once it passes `first_max_chars`: that gets the
-    first audio out sooner, at the cost of a prosody break inside the first sentence."""
+    first audio out sooner, at the cost of a prosody break inside the first sentence. Each later
+    piece may be cut the same way at twice the limits of the one before (until they pass
+    `max_chars`), so it takes about twice as long to hear as the piece before and can be
+    synthesised while that one plays: after a one-word first piece, the rest of a sentence
+    in one piece left a listener 1.5-1.9 s of silence (bench dubbing, Kokoro)."""
 
     def __init__(self, max_chars: int = 220, first_min_chars: int = 40, first_max_chars: int | None = None) -> None:
         self.buffer = ""
@@ -102,15 +106,17 @@ class SentenceSplitter:
             if m.group().startswith(".") and (word in _TITLES or (len(word) == 1 and word.isalpha())):
                 continue
             return m.end()
-        if self._emitted == 0 and len(self.buffer) >= self.first_min_chars:
-            m = None
+        grow = 1 << min(self._emitted, 16)  # the early pieces' limits double from piece to piece
+        min_chars = self.first_min_chars * grow
+        if min_chars < self.max_chars and len(self.buffer) >= min_chars:
             for m in _CLAUSE.finditer(self.buffer):
-                if m.start() >= self.first_min_chars // 2:
+                if m.start() >= min_chars // 2:
                     return m.end()
-        if self._emitted == 0 and self.first_max_chars and len(self.buffer) > self.first_max_chars:
-            # no clause mark yet: cut the first piece at a word boundary so speech can start
-            space = self.buffer.rfind(" ", 0, self.first_max_chars + 1)
-            if space > self.first_max_chars // 3:
+        max_chars = self.first_max_chars * grow if self.first_max_chars else 0
+        if 0 < max_chars < self.max_chars and len(self.buffer) > max_chars:
+            # no clause mark yet: cut at a word boundary so speech can start (or go on)
+            space = self.buffer.rfind(" ", 0, max_chars + 1)
+            if space > max_chars // 3:
                 return space
         if len(self.buffer) > self.max_chars:
             window = self.buffer[: self.max_chars]
