@@ -81,11 +81,6 @@ class SentenceSplitter:
         self.first_max_chars = first_max_chars
         self._emitted = 0
 
-    @property
-    def emitted(self) -> int:
-        """Pieces cut since the start (or the last flush)."""
-        return self._emitted
-
     def feed(self, piece: str) -> list[str]:
         self.buffer += piece
         out: list[str] = []
