@@ -150,7 +150,7 @@ static void mm_amx4_team(const sk_w *w, int M, const float *x, int ldx, uint32_t
         const blk_scales sc = amx4_strip(w, n0, u, s0, oh, ol);
         __asm__ volatile("" ::: "memory"); /* the tile loads (asm without a memory operand) read the strip */
         sk_pf pf = pf_rows(w, n0 + 16, 16); /* the next strip's weights, spread over this one's blocks */
-        const size_t per = (pf_lines(&pf) + (size_t)MT * NB - 1) / ((size_t)MT * NB);
+        const size_t per = pf_spread(&pf, (size_t)MT * NB);
         for (int mt = 0; mt < MT; mt++) {
             const size_t at = (size_t)mt * NB;
             amx4_tile(u, K, xb + at * 256, xl + at * 256, sc, out, &pf, per);

@@ -308,6 +308,9 @@ static inline sk_pf pf_rows(const sk_w *w, int n, int count) {
 
 static inline size_t pf_lines(const sk_pf *p) { return (size_t)(p->qe - p->q + 63) / 64 + (size_t)(p->se - p->s + 63) / 64; }
 
+/* lines of p to prefetch each of `blocks` kernel blocks so that all are issued by the last */
+static inline size_t pf_spread(const sk_pf *p, size_t blocks) { return (pf_lines(p) + blocks - 1) / blocks; }
+
 /* the next `lines` lines of p */
 INLINE void pf_some(sk_pf *p, size_t lines) {
     for (; lines && p->q < p->qe; lines--, p->q += 64) prefetch(p->q);

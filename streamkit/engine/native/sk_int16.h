@@ -170,7 +170,7 @@ static void mm_i16_team(const sk_w *w, int M, const float *x, int ldx, void *xbu
         strip_any(w, n0, (int16_t *)u, s0, s1, MT == 1);
         const blk_scales sc = i16_scales_of(w, n0, s0, s1);
         sk_pf pf = pf_rows(w, n0 + 16, MT == 1 ? 0 : 16);
-        const size_t per = (pf_lines(&pf) + 4 * NB - 1) / (4 * NB);
+        const size_t per = pf_spread(&pf, 4 * (size_t)NB);
         for (int mt = 0; mt < MT; mt += 2) {
             const int two_tiles = mt + 1 < MT, rows = M - mt * 8 < 16 ? M - mt * 8 : 16;
             const float *da = dx + (size_t)mt * NB * 8, *dsa = dxs + (size_t)mt * NB * 8;
