@@ -466,12 +466,31 @@ def test_gemv_int8_matmul_of_few_rows(kind, rows, k, isa):
     assert torch.equal(got, alone)
 
 
+@pytest.fixture
+def gemv_chunks(isa):
+    """Sets whether few-row K-quant matmuls take passes over chunks of K (sk_gemv_chunks), restoring
+    this CPU's default afterwards."""
+    lib = native.load(isa)
+    default = lib.sk_gemv_chunks(-1)
+    yield lib.sk_gemv_chunks
+    lib.sk_gemv_chunks(default)
+
+
+def test_gemv_chunks_by_cpu_vendor(gemv_chunks):
+    """Only AMD CPUs take the K-chunked passes by default: they measured faster on Zen 5 and slower
+    on the Intel Xeon (sk_gemv.h, gemv_chunk)."""
+    assert gemv_chunks(-1) == (cores.cpu_vendor() == "AuthenticAMD")
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("rows", [3, 4])
-def test_gemv_int8_k_chunked_passes(kind, rows, isa):
-    """At 3-4 rows a K-quant matmul whose x outgrows L1 runs in passes over chunks of K (K 4096:
-    16 super-blocks, 13 or 10 a pass), keeping each column's sums between them: the result is
-    bit for bit each row multiplied alone (one pass), and close to the fp32 product."""
+@pytest.mark.parametrize("chunks", [1, 0])
+def test_gemv_int8_k_chunked_passes(kind, rows, chunks, isa, gemv_chunks):
+    """At 3-4 rows a K-quant matmul whose x outgrows L1 runs in passes over chunks of K where the
+    CPU takes them (K 4096: 16 super-blocks, 13 or 10 a pass), keeping each column's sums between
+    them, else in one pass: the result is bit for bit each row multiplied alone (one pass), and
+    close to the fp32 product."""
+    gemv_chunks(chunks)
     rng = np.random.default_rng(rows + 7 * KINDS.index(kind))
     w = _weight(kind, 40, 4096, rng)
     x = torch.from_numpy(rng.standard_normal((rows, 4096)).astype(np.float32))

@@ -47,11 +47,18 @@
  * column at each column's start: 4.5-6.7 KB at once for the 1.5B's down projection (K = 8960),
  * which then streamed at 32-35 GB/s against gate/up's 46 (Zen 5, 2 threads, 1 row). In-loop, a
  * whole 1.5B step at 2 rows went from 33-34 to 29-33 ms and at 3 rows from 44-46 to 40.6-42 (three
- * alternating runs of `streamkit bench step`); 1024 or 4096 bytes measured no different. The
- * formats with a scale per block measured no change either way (SmolLM2, the 0.5B draft), so they
- * keep the per-column prefetch. (Past a weight's end the addresses are only hints: prefetcht0 never
- * faults.) */
+ * alternating runs of `streamkit bench step`); 1024 or 4096 bytes measured no different (on the
+ * Intel Xeon 2048 beat 1024, 1536, 4096 and 8192 by 3-14 %). (Past a weight's end the addresses are
+ * only hints: prefetcht0 never faults.) */
 #define SK_GEMV_AHEAD 2048
+/* The formats with a scale per block prefetch the same way, this many bytes of qs ahead of the blocks
+ * being multiplied (and their scales as far ahead in the scales' stream). They prefetched a whole
+ * column at its start, SK_PREFETCH_AHEAD bytes ahead, until 2026-12-07: `perf` of the 0.5B draft's
+ * batch-1 step (Intel Xeon with AMX) put 57 % of the kernel's samples on that burst of prefetches,
+ * waiting on the line-fill buffers. In-loop, both builds in one process, steps alternating: the
+ * draft's 1 / 2 rows 1.05x, SmolLM2's 1.02-1.03x (amx); 1024 / 2048 / 4096 / 8192 / 16384 bytes
+ * ahead ranked 8192 first (2048: 0.96-0.98 of it). The K-quants' 2048 measured best there too. */
+#define SK_GEMV_BLOCK_AHEAD 8192
 /* columns a thread takes at a time from its own share (sk_pool.h's share_next), and from another's
  * once its own is done: each range costs an atomic add and, for K-quants of a large K, a pass over
  * x's chunks of its own; the smaller steals even out a matrix of few columns (SmolLM2's down
@@ -332,11 +339,15 @@ typedef struct {
  * arithmetic, and so each row's result, is that of one pass. The down projection (Zen 5, 2 threads,
  * all 28 layers) at 3 / 4 rows: Q6_K 7.31 -> 5.07 / 8.49 -> 5.75 ms, Q4_K 6.18 -> 4.55 / 7.24 ->
  * 4.99. The chunks' strided reads cost bandwidth, so 1-2 rows, bound by the weight stream, keep one
- * pass (at 1 row, chunks of 8-16 KB of x made the same matrices 1.3-1.6x slower). */
+ * pass (at 1 row, chunks of 8-16 KB of x made the same matrices 1.3-1.6x slower). On the Intel Xeon
+ * (Sapphire Rapids class, 2 MB of L2 a core against Zen 5's 1 MB) chunks cost: a whole 1.5B step at
+ * 3 / 4 rows 1.05 / 1.05x faster in one pass (both builds in one process, alternating), and a budget
+ * of 40 or 64 KB no better than 24. So only AMD CPUs take chunks (g_gemv_chunks, set by sk_init). */
 #define SK_GEMV_X_BUDGET (24 << 10)
+static int g_gemv_chunks = 0;
 INLINE int gemv_chunk(int MR, int NT, int NS) {
     const int c = SK_GEMV_X_BUDGET / (MR * (NT * 256 + 104));
-    return MR < 3 || c >= NS ? NS : c < 8 ? 8 : c;
+    return !g_gemv_chunks || MR < 3 || c >= NS ? NS : c < 8 ? 8 : c;
 }
 
 /* y[r][n] (+)= x[r] . W[n] for MR rows (<= SK_GEMV_GROUP), W in Q4_K or Q6_K; G blocks a register.
@@ -535,6 +546,16 @@ INLINE __m256i term2(__m256i first, __m256i second) { return _mm256_add_epi32(_m
 INLINE __m512i term2_512(__m512i first, __m512i second) { return _mm512_add_epi32(_mm512_slli_epi32(first, 8), second); }
 #endif
 
+/* the lines SK_GEMV_BLOCK_AHEAD bytes down the qs and scales streams of `blocks` blocks from gb (a
+ * column's block index into the whole weight: the streams run on into the next columns) */
+INLINE void gemv_pf_blocks(int fmt, const sk_w *w, size_t gb, int blocks) {
+    const size_t qb = fmt == SK_Q8_0 ? 32 : 16, sb = fmt == SK_Q8_0 ? 4 : 8; /* bytes a block */
+    const char *q = (const char *)w->qs + gb * qb + SK_GEMV_BLOCK_AHEAD;
+    for (size_t i = 0; i < blocks * qb; i += 64) prefetch(q + i);
+    const char *s = (const char *)w->sc + gb * sb + SK_GEMV_BLOCK_AHEAD / qb * sb;
+    if (((uintptr_t)s & 63) < blocks * sb) prefetch(s); /* once a line: where these blocks start it */
+}
+
 /* `pairs` (1 or 2, a constant) pairs of blocks from b of column n, 256 bits wide: f[r][] += the
  * products, o[r] += the offsets. Two pairs share one load and conversion of their scales, one scaling
  * of the activations' scales and one offset FMA a row; pair p sums into slot p (Q8_0: 2p, 2p + 1). */
@@ -616,6 +637,7 @@ INLINE void gemv_block_col(int fmt, int MR, int NT, const sk_w *w, int n, const 
         for (int a = 0; a < GEMV_ACC; a++) F[r][a] = _mm512_setzero_ps();
     for (; b + 4 <= NB; b += 4) {
         const size_t gb = (size_t)n * NB + b;
+        gemv_pf_blocks(fmt, w, gb, 4);
         __m128 s0, s1;
         block_scales(fmt, w, gb, 4, &s0, &s1);
         __m512i u0, u1;
@@ -663,8 +685,14 @@ INLINE void gemv_block_col(int fmt, int MR, int NT, const sk_w *w, int n, const 
     }
 #endif
     /* two FMA chains a row (one iteration's latency was the avx2 bound) */
-    for (; b + 4 <= NB; b += 4) gemv_pairs(fmt, MR, NT, w, n, b, xb, f, o, 2);
-    for (; b < NB; b += 2) gemv_pairs(fmt, MR, NT, w, n, b, xb, f, o, 1);
+    for (; b + 4 <= NB; b += 4) {
+        gemv_pf_blocks(fmt, w, (size_t)n * NB + b, 4);
+        gemv_pairs(fmt, MR, NT, w, n, b, xb, f, o, 2);
+    }
+    for (; b < NB; b += 2) {
+        gemv_pf_blocks(fmt, w, (size_t)n * NB + b, 2);
+        gemv_pairs(fmt, MR, NT, w, n, b, xb, f, o, 1);
+    }
     for (int r = 0; r < MR; r++) {
         float sum = sum8(_mm256_add_ps(_mm256_add_ps(f[r][0], f[r][1]), _mm256_add_ps(f[r][2], f[r][3]))) + sum4(o[r]);
 #ifdef __AVX512F__
@@ -676,8 +704,9 @@ INLINE void gemv_block_col(int fmt, int MR, int NT, const sk_w *w, int n, const 
 }
 
 /* this thread's columns, MR rows each, NT activation terms: constants, one instantiation of COL each */
-#define GEMV_COLS(F, MR, NT) for (int c = c0; c < c1; c++) { pf(w, c); COL(F, MR, NT, w, c, xr, yr, ldy, acc); }
-/* K-quants (no pf: see SK_GEMV_AHEAD): per column, rows 0..A-1 and then A..A+B-1 (B may be 0), in
+/* (each column prefetches its stream ahead in-loop: gemv_pf_blocks, SK_GEMV_AHEAD) */
+#define GEMV_COLS(F, MR, NT) for (int c = c0; c < c1; c++) COL(F, MR, NT, w, c, xr, yr, ldy, acc);
+/* K-quants: per column, rows 0..A-1 and then A..A+B-1 (B may be 0), in
  * passes over chunks of K where x outgrows L1 (gemv_chunk); A, B and NT constants, so that each
  * gemv_col is compiled for its row count (a loop over groups of rows measured 4-6 % slower at 3-4) */
 #define GEMV_KGROUP(F, MR, NT, r0) \
@@ -732,11 +761,6 @@ __attribute__((noinline)) static void gemv_kquant_wide(const sk_w *w, int mr, in
 #define GEMV_BLOCK_ROWS(F)                                                                                   \
     if (two) { GEMV_BLOCK_ROWS_NT(F, 2) } else { GEMV_BLOCK_ROWS_NT(F, 1) }
 
-/* the rows SK_PREFETCH_AHEAD bytes down this thread's weight stream */
-static inline void pf(const sk_w *w, int c) {
-    const int row = (w->k / 32) * qs_block_bytes(w->fmt);
-    prefetch_rows(w, c + SK_PREFETCH_AHEAD / row + 1, 1);
-}
 
 /* y [M][ldy] (+)= x . W^T for M <= SK_GEMV_MAX_ROWS, reading each weight once; xb (shared by
  * the team) holds the quantized x. Every row's result is the same whatever M is. two: both

@@ -272,7 +272,17 @@ SK_API int sk_init(void) {
     }
 #endif
     if (g_amx) caps |= 2;
+    unsigned v0, vendor[3];
+    if (__get_cpuid(0, &v0, &vendor[0], &vendor[2], &vendor[1])) /* ebx, edx, ecx: "AuthenticAMD" */
+        g_gemv_chunks = memcmp(vendor, "AuthenticAMD", 12) == 0;
     return caps;
+}
+
+/* whether few-row K-quant matmuls take passes over chunks of K (sk_gemv.h's gemv_chunk; sk_init sets
+ * it by the CPU's vendor): on >= 0 sets it (tests force the passes on CPUs that skip them); returns it */
+SK_API int sk_gemv_chunks(int on) {
+    if (on >= 0) g_gemv_chunks = on != 0;
+    return g_gemv_chunks;
 }
 
 SK_API sk_model *sk_model_new(int n_layers, int dim, int ffn, int n_heads, int n_kv, int head_dim, int vocab,
