@@ -52,6 +52,26 @@ def test_bench_engine_json_reports_medians_of_its_runs(capsys):
         assert result["roofline_fraction"] == pytest.approx(statistics.median(fractions), abs=1e-3)
         assert result["bandwidth_gbs_measured"] == pytest.approx(statistics.median(bws), abs=0.1)
         assert result["copy_bandwidth_gbs"] > 0  # the old measure, reported beside it
+        # and against memory, past the last-level cache
+        assert result["roofline_fraction_dram"] == pytest.approx(
+            result["ours_b1_tps"] * result["bytes_per_step_b1_mb"] * 1e6 / (result["dram_read_bandwidth_gbs"] * 1e9),
+            rel=0.01)
+
+
+def test_read_bandwidth_probe_reads_its_buffer():
+    """The roofline's probe: a positive rate from the native kernels' streaming read, whose sum
+    counts every byte of its buffer (all ones), on one thread and on several."""
+    from streamkit.bench.engine import ReadBandwidth
+    from streamkit.engine import native
+
+    probe = ReadBandwidth(1 << 20)
+    assert probe(reps=2) > 0
+    if native.available():
+        lib = native.load()
+        words = probe._nbytes // 8 * 0x0101010101010101  # each 8 bytes of ones, summed as int64 (wrapping)
+        for threads in (1, 2, 3):
+            got = lib.sk_read_sum(native.ptr(probe._buf), probe._nbytes, threads)
+            assert got == (words + 2**63) % 2**64 - 2**63
 
 
 def test_bench_step_times_both_paths_at_each_row_count(capsys):

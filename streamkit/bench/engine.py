@@ -60,25 +60,51 @@ def measure_cpu_bandwidth(nbytes: int = 256 << 20) -> float:
 
 
 class ReadBandwidth:
-    """Achievable read bandwidth (bytes/s) when called: the best of `reps` sums over a buffer several
-    times any last-level cache, on torch's threads (the engine's count). A decode step reads its
-    weights and writes almost nothing, so the batch-1 roofline divides by this, sampled beside each
-    batch-1 run: the host's bandwidth moves with its other tenants (reads 44-87 GB/s and a copy
-    45-81 within two hours on the Zen 5 host), so only a sample taken at the same time is a limit
-    for a run."""
+    """Achievable read bandwidth (bytes/s) when called: the best of `reps` reads of a buffer of
+    `nbytes`, on torch's threads (the engine's count). A decode step reads its weights and writes
+    almost nothing, so the batch-1 roofline divides by this, sampled beside each batch-1 run: the
+    host's bandwidth moves with its other tenants (reads 44-87 GB/s and a copy 45-81 within two
+    hours on the Zen 5 host), so only a sample taken at the same time is a limit for a run.
+
+    The buffer is as large as what a batch-1 step reads, so the probe meets the caches the step
+    meets: on the Intel Xeon with a 480 MB L3, SmolLM2's ~103 MB a step stays in it between steps,
+    where a 256 MB buffer (the probe until 2026-12-07) read from memory at 24-30 GB/s and the step
+    ran at 1.09-1.19 of that "roofline"; a 100 MB buffer reads at ~45 GB/s there. With the native
+    kernels the probe is their own streaming loop (sk_read_sum: 256-bit loads, prefetched 2 KB
+    ahead as the kernels' weight streams are); torch's sum, the fallback, read a 100 MB buffer at
+    27 GB/s on that host."""
 
     def __init__(self, nbytes: int = 256 << 20):
+        import numpy as np
+
+        from streamkit.engine import native
+
+        self._nbytes = (nbytes + 4095) // 4096 * 4096
+        self._lib = native.load() if native.available() else None
+        raw = np.ones(self._nbytes + 64, dtype=np.uint8)
+        start = -raw.ctypes.data % 64
+        self._buf = raw[start:start + self._nbytes]  # 64-byte aligned, as sk_read_sum requires
+        if self._lib is None:
+            import torch
+
+            self._tensor = torch.from_numpy(self._buf.view(np.float32))
+
+    def __call__(self, reps: int = 10) -> float:
+        """The best of `reps` reads after one unmeasured (which wakes the kernels' threads): a read of
+        SmolLM2's 102 MB takes ~3 ms, and best-of-3 samples ranged 19-38 GB/s within a run."""
         import torch
 
-        self._buf = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
-        self._nbytes = nbytes
+        from streamkit.engine import native
 
-    def __call__(self, reps: int = 3) -> float:
         best = 0.0
-        for _ in range(reps):
+        for i in range(reps + 1):
             t = time.perf_counter()
-            self._buf.sum()
-            best = max(best, self._nbytes / (time.perf_counter() - t))
+            if self._lib is not None:
+                self._lib.sk_read_sum(native.ptr(self._buf), self._nbytes, torch.get_num_threads())
+            else:
+                self._tensor.sum()
+            if i:
+                best = max(best, self._nbytes / (time.perf_counter() - t))
         return best
 
 
@@ -285,18 +311,16 @@ def main(argv: list[str] | None = None) -> int:
         res["native_path"] = native.describe(core.model.isa)
         log(f"ours: native kernels, {res['native_path']} on {res['cpu']}")
     prompt_ids = [eng.encode(chat(p)) for p in PROMPTS]
-    res.update(bench_ours(eng, prompt_ids, n_tokens, conc, n_b1=2 if a.quick else 5,
-                          repeats=1 if a.quick else 3, bandwidth=None if cuda else ReadBandwidth()))
+    # roofline at batch 1: the bytes a step reads (weights and the KV cache at mid-answer)
+    cfg = core.config
+    ctx = len(prompt_ids[0]) + n_tokens // 2
+    step_bytes = core.model.weight_bytes_per_step + ctx * core.cache.bytes_per_token
+    res.update(bench_ours(eng, prompt_ids, n_tokens, conc, n_b1=2 if a.quick else 5, repeats=1 if a.quick else 3,
+                          bandwidth=None if cuda else ReadBandwidth(step_bytes)))
     if cuda:
         res["ours_peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     else:
         res["ours_peak_rss_mb"] = round(rss_peak_mb(), 1)
-    # roofline at batch 1
-    cfg = core.config
-    ctx = len(prompt_ids[0]) + n_tokens // 2
-    w_bytes = core.model.weight_bytes_per_step
-    kv_bytes = ctx * core.cache.bytes_per_token
-    step_bytes = w_bytes + kv_bytes
     if cuda:
         bw = H200_BW
         res["bandwidth_gbs"] = bw / 1e9
@@ -305,6 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         bw = statistics.median(bws)
         res["bandwidth_gbs_measured"] = round(bw / 1e9, 1)
         res["roofline_fraction_runs"] = [round(t * step_bytes / b, 3) for t, b in zip(res["ours_b1_tps_runs"], bws)]
+        # the same against memory: a buffer larger than any last-level cache this runs on (the Intel
+        # Xeon's L3 is 480 MB), for a model that stays in the cache between steps
+        dram_bw = ReadBandwidth(max(4 * step_bytes, 1 << 30))(reps=3)
+        res["dram_read_bandwidth_gbs"] = round(dram_bw / 1e9, 1)
+        res["roofline_fraction_dram"] = round(res["ours_b1_tps"] * step_bytes / dram_bw, 3)
         copy_bw = measure_cpu_bandwidth()
         res["copy_bandwidth_gbs"] = round(copy_bw / 1e9, 1)
         res["roofline_fraction_copy"] = round(res["ours_b1_tps"] / (copy_bw / step_bytes), 3)
@@ -315,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     res["gflop_per_token"] = round(cfg.flops_per_token / 1e9, 3)
     if cuda:
         big = max(conc)
-        step = w_bytes + big * ctx * core.cache.bytes_per_token
+        step = core.model.weight_bytes_per_step + big * ctx * core.cache.bytes_per_token
         res[f"roofline_c{big}_tps_bandwidth"] = round(big * bw / step, 1)
         res["roofline_tps_compute"] = round(H200_FLOPS / cfg.flops_per_token, 1)
     # greedy correctness: fp32 reference build of ours vs transformers
@@ -391,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             "peer_b16_tps", "ratio_b16", "greedy_match", "greedy_match_timed_build", "greedy_match_timed_vs_fp32",
             "ttft_ms_p50",
             "bandwidth_gbs_measured", "roofline_b1_tps", "roofline_fraction", "roofline_fraction_runs", "copy_bandwidth_gbs",
-            "roofline_fraction_copy", "llamacpp_b1_tps", "ratio_llamacpp_b1", "llamacpp_c16_tps", "ratio_llamacpp_c16", "paired_ratio_llamacpp_b1_runs", "paired_ratio_llamacpp_c16_runs",
+            "roofline_fraction_copy", "dram_read_bandwidth_gbs", "roofline_fraction_dram", "llamacpp_b1_tps", "ratio_llamacpp_b1", "llamacpp_c16_tps", "ratio_llamacpp_c16", "paired_ratio_llamacpp_b1_runs", "paired_ratio_llamacpp_c16_runs",
             "load_avg_start", "load_avg_end"]
     for k in keys:
         print(f"{k:>20}: {res.get(k)}")

@@ -160,6 +160,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_greedy_head": ([I, P, P, I, I, I, P, P, I], I),
         "sk_head4_argmax": ([I, P, P, I, I, I, P, P, I, I, I], I),
         "sk_dequant": ([I, P, P, I, I, P], None),
+        "sk_read_sum": ([P, L, I], L),
     }
     for name, (args, res) in sig.items():
         fn = getattr(lib, name)

@@ -375,7 +375,9 @@ INLINE void gemv_col(int fmt, int MR, int NT, const sk_w *w, int n, int s0, int 
         const size_t at = sa < s1 ? (size_t)n * NS + sa : (size_t)(n + 1) * NS + s0 + (sa - s1);
         const char *ahead = (const char *)w->qs + at * qsb + SK_GEMV_AHEAD % qsb;
         for (size_t i = 0; i < qsb; i += 64) prefetch(ahead + i);
-        prefetch(w->sc + 6 * at); /* 24 bytes of scales a super-block */
+        /* the scales' line, once: 24 bytes a super-block, so a prefetch per super-block asked for each
+         * line 2.7 times (a 1 / 2-row step of the 1.5B 1.038 / 1.027x once; none at all: 0.99x) */
+        if (((uintptr_t)(w->sc + 6 * at) & 63) < 24) prefetch(w->sc + 6 * at);
         gvi ia[SK_GEMV_GROUP][2];
         for (int r = 0; r < MR; r++) ia[r][0] = ia[r][1] = gv_zero();
 #pragma GCC unroll 4

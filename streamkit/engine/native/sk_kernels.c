@@ -958,6 +958,37 @@ SK_API int sk_head4_argmax(int fmt, const uint8_t *qs, const float *sc, int N, i
     return rc;
 }
 
+/* The read-bandwidth probe of `streamkit bench engine`: the team sums n bytes at p (64-byte aligned,
+ * n a multiple of 4096), each thread a contiguous share of pages, with 256-bit loads and the lines
+ * 2 KB ahead prefetched as the kernels prefetch theirs. Returns the sum, so the reads stay. */
+typedef struct {
+    const uint8_t *p;
+    int pages;
+    int64_t sum;
+} read_args;
+
+static void read_job(void *v, sk_team *t) {
+    read_args *a = v;
+    int i0, i1;
+    team_span(t, a->pages, &i0, &i1);
+    __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (const uint8_t *q = a->p + (size_t)i0 * 4096, *e = a->p + (size_t)i1 * 4096; q < e; q += 128) {
+        prefetch(q + 2048);
+        prefetch(q + 2048 + 64);
+        for (int j = 0; j < 4; j++) s[j] = _mm256_add_epi64(s[j], _mm256_load_si256((const __m256i *)(q + 32 * j)));
+    }
+    int64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, _mm256_add_epi64(_mm256_add_epi64(s[0], s[1]), _mm256_add_epi64(s[2], s[3])));
+    __atomic_fetch_add(&a->sum, lanes[0] + lanes[1] + lanes[2] + lanes[3], __ATOMIC_RELAXED);
+}
+
+SK_API long sk_read_sum(const uint8_t *p, long n, int nt) {
+    read_args a = {p, (int)(n / 4096), 0};
+    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    pool_run(read_job, &a, nt);
+    return (long)a.sum;
+}
+
 /* rows [N][K] of a weight dequantized to fp32 exactly as the matmuls see them */
 SK_API void sk_dequant(int fmt, const uint8_t *qs, const float *sc, int N, int K, float *out) {
     const sk_w wt = {fmt, N, K, qs, sc};
