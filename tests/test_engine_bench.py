@@ -68,9 +68,9 @@ def test_read_bandwidth_probe_reads_its_buffer():
     assert probe(reps=2) > 0
     if native.available():
         lib = native.load()
-        words = probe._nbytes // 8 * 0x0101010101010101  # each 8 bytes of ones, summed as int64 (wrapping)
+        words = probe.nbytes // 8 * 0x0101010101010101  # each 8 bytes of ones, summed as int64 (wrapping)
         for threads in (1, 2, 3):
-            got = lib.sk_read_sum(native.ptr(probe._buf), probe._nbytes, threads)
+            got = lib.sk_read_sum(native.ptr(probe.buf), probe.nbytes, threads)
             assert got == (words + 2**63) % 2**64 - 2**63
 
 

@@ -763,7 +763,6 @@ __attribute__((noinline)) static void gemv_kquant_wide(const sk_w *w, int mr, in
 #define GEMV_BLOCK_ROWS(F)                                                                                   \
     if (two) { GEMV_BLOCK_ROWS_NT(F, 2) } else { GEMV_BLOCK_ROWS_NT(F, 1) }
 
-
 /* y [M][ldy] (+)= x . W^T for M <= SK_GEMV_MAX_ROWS, reading each weight once; xb (shared by
  * the team) holds the quantized x. Every row's result is the same whatever M is. two: both
  * activation terms (else the first only, ~8 bits, llama.cpp's precision: for drafts, whose tokens
