@@ -56,8 +56,9 @@
  * column at its start, SK_PREFETCH_AHEAD bytes ahead, until 2026-12-07: `perf` of the 0.5B draft's
  * batch-1 step (Intel Xeon with AMX) put 57 % of the kernel's samples on that burst of prefetches,
  * waiting on the line-fill buffers. In-loop, both builds in one process, steps alternating: the
- * draft's 1 / 2 rows 1.05x, SmolLM2's 1.02-1.03x (amx); 1024 / 2048 / 4096 / 8192 / 16384 bytes
- * ahead ranked 8192 first (2048: 0.96-0.98 of it). The K-quants' 2048 measured best there too. */
+ * draft's 1 / 2 rows 1.05-1.12x, SmolLM2's 1.01-1.06x, its 16-step greedy bursts 1.08-1.14x (amx,
+ * avx512, avx2); 1024 / 2048 / 4096 / 8192 / 16384 bytes ahead ranked 8192 first (2048: 0.96-0.98
+ * of it). The K-quants' 2048 measured best there too. */
 #define SK_GEMV_BLOCK_AHEAD 8192
 /* columns a thread takes at a time from its own share (sk_pool.h's share_next), and from another's
  * once its own is done: each range costs an atomic add and, for K-quants of a large K, a pass over
