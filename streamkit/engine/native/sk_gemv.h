@@ -552,7 +552,7 @@ INLINE __m512i term2_512(__m512i first, __m512i second) { return _mm512_add_epi3
 /* the lines SK_GEMV_BLOCK_AHEAD bytes down the qs and scales streams of `blocks` blocks from gb (a
  * column's block index into the whole weight: the streams run on into the next columns) */
 INLINE void gemv_pf_blocks(int fmt, const sk_w *w, size_t gb, int blocks) {
-    const size_t qb = fmt == SK_Q8_0 ? 32 : 16, sb = fmt == SK_Q8_0 ? 4 : 8; /* bytes a block */
+    const size_t qb = (size_t)qs_block_bytes(fmt), sb = (size_t)sc_block_bytes(fmt);
     const char *q = (const char *)w->qs + gb * qb + SK_GEMV_BLOCK_AHEAD;
     for (size_t i = 0; i < blocks * qb; i += 64) prefetch(q + i);
     const char *s = (const char *)w->sc + gb * sb + SK_GEMV_BLOCK_AHEAD / qb * sb;
