@@ -23,6 +23,7 @@ import torch
 from streamkit.engine import native
 from streamkit.engine.gguf_loader import GGUFModel
 from streamkit.engine.model import StepBatch, rope_angles
+from streamkit.engine.native.arena import WeightArena
 from streamkit.engine.native.weights import PackedWeight, greedy_head_bytes, pack, stack
 from streamkit.engine.paged_attention import default_scale
 
@@ -115,8 +116,18 @@ class NativeLlamaModel:
         self.int8_mask = INT8_ALL | (INT8_TWO_TERMS if terms != 1 else 0) | (INT8_GEMV if use_gemv else 0)
         B, T = gm.blocks, gm.tensors
 
+        # the packed weights move into one arena of (where Linux grants them) 2 MB pages, a tensor at
+        # a time, so that a model's weights are never held twice (arena.py)
+        self._arena = WeightArena()
+
+        def home(p: PackedWeight) -> PackedWeight:
+            return PackedWeight(p.fmt, p.n, p.k, self._arena.place(p.qs), self._arena.place(p.sc))
+
         def w(name: str) -> PackedWeight:
-            return pack(*B[name])
+            return home(pack(*B[name]))
+
+        def fused(*names: str) -> list[PackedWeight]:
+            return [home(part) for part in stack([pack(*B[name]) for name in names])]
 
         def vec(name: str) -> np.ndarray:
             return np.ascontiguousarray(T[name], dtype=np.float32)
@@ -141,9 +152,9 @@ class NativeLlamaModel:
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             layer = (vec(p + "attn_norm.weight"), vec(p + "ffn_norm.weight"),
-                     stack([w(p + "attn_q.weight"), w(p + "attn_k.weight"), w(p + "attn_v.weight")]),
+                     fused(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
                      w(p + "attn_output.weight"),
-                     stack([w(p + "ffn_gate.weight"), w(p + "ffn_up.weight")]),
+                     fused(p + "ffn_gate.weight", p + "ffn_up.weight"),
                      w(p + "ffn_down.weight"))
             if cfg.qkv_bias:
                 bias = np.concatenate([vec(p + "attn_q.bias"), vec(p + "attn_k.bias"), vec(p + "attn_v.bias")])

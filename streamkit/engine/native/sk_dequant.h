@@ -287,6 +287,15 @@ static int sc_block_bytes(int fmt) {
     }
 }
 
+/* Memory a step streams through (the LM head's copies): 2 MB-aligned and advised to take 2 MB pages,
+ * as arena.py places the weights (why: there); free() releases it. NULL where memory ran out. */
+static void *stream_alloc(size_t bytes) {
+    const size_t huge = (size_t)2 << 20, size = (bytes + huge - 1) / huge * huge;
+    void *p = aligned_alloc(huge, size ? size : huge);
+    if (p) madvise(p, size, MADV_HUGEPAGE); /* only advice: 4 KB pages where the kernel declines */
+    return p;
+}
+
 /* prefetcht0 as a volatile asm: GCC 12 deletes a loop of _mm_prefetch calls once it is inlined */
 INLINE void prefetch(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
 

@@ -59,8 +59,8 @@ static gh_prep gh_prepare(const sk_w *w) {
     gh_prep p = {NULL, NULL};
     if (!gh_format(w)) return p;
     const size_t nb = (size_t)w->n * (w->k / 32);
-    p.corr = aligned_alloc(64, (nb * 4 + 63) / 64 * 64);
-    p.err = aligned_alloc(64, (nb * 4 + 63) / 64 * 64);
+    p.corr = stream_alloc(nb * 4);
+    p.err = stream_alloc(nb * 4);
     if (!p.corr || !p.err) {
         free(p.corr); free(p.err);
         p.corr = NULL; p.err = NULL;

@@ -65,8 +65,8 @@ static h4_head h4_prepare(const sk_w *w) {
     if (!h4_format(w)) return h;
     const int NB = w->k / 32;
     const size_t nb = (size_t)w->n * NB;
-    uint8_t *qs = aligned_alloc(64, (nb * 16 + 63) / 64 * 64);
-    float *sc = aligned_alloc(64, (nb * 8 + 63) / 64 * 64), *sigma = aligned_alloc(64, ((size_t)w->n * 4 + 63) / 64 * 64);
+    uint8_t *qs = stream_alloc(nb * 16);
+    float *sc = stream_alloc(nb * 8), *sigma = aligned_alloc(64, ((size_t)w->n * 4 + 63) / 64 * 64);
     if (!qs || !sc || !sigma) {
         free(qs); free(sc); free(sigma);
         return h;

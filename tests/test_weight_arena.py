@@ -1,0 +1,70 @@
+"""The native weights' arena (streamkit/engine/native/arena.py): copies exact, aligned, in mappings
+advised to take huge pages; a real model's weights all live there."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from streamkit.engine.native.arena import ALIGN, WeightArena
+
+
+def _mapping_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding `address` (Linux's /proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_placed_arrays_are_exact_aligned_and_kept_apart():
+    arena = WeightArena(segment_bytes=1 << 20)  # small segments, so that placing crosses several
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 256, size, dtype=np.uint8) for size in (1, 63, 4097, 300_000, 900_000, 2_500_000)]
+    arrays += [rng.standard_normal((37, 11)).astype(np.float32), np.empty(0, np.float32)]
+    placed = [arena.place(a) for a in arrays]
+    for a, p in zip(arrays, placed):
+        assert p.dtype == a.dtype and p.shape == a.shape and p.flags.c_contiguous
+        assert np.array_equal(p, a)
+        if a.nbytes:
+            assert p.ctypes.data % ALIGN == 0
+    for p in placed:  # writing one copy leaves the others as they were
+        if p.nbytes:
+            p.view(np.uint8)[...] = 0
+    for a, p in zip(arrays[1:], placed[1:]):
+        assert np.array_equal(p, np.zeros_like(a)) or a.nbytes == 0
+    assert arena.nbytes == sum(a.nbytes for a in arrays)
+    assert all(arena.holds(p) for p in placed if p.nbytes)
+    assert not arena.holds(arrays[3])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_HUGEPAGE) is Linux's")
+def test_the_arena_asks_for_huge_pages():
+    arena = WeightArena()
+    p = arena.place(np.ones(3 << 20, np.uint8))
+    assert "hg" in _mapping_flags(p.ctypes.data)  # hg: MADV_HUGEPAGE on this mapping
+    assert p.ctypes.data % (2 << 20) == 0  # the first array starts on a huge page's boundary
+
+
+def test_a_native_models_weights_live_in_its_arena():
+    from streamkit.engine import native
+
+    if not native.available():
+        pytest.skip(f"native kernels unavailable: {native.error()}")
+    from streamkit.engine.gguf_loader import load_gguf
+    from streamkit.engine.model_store import resolve_model
+    from streamkit.engine.native.model import NativeLlamaModel
+
+    m = NativeLlamaModel(load_gguf(str(resolve_model("smollm2-135m")), raw=True), "native")
+    weights = [m._embed, m._head]
+    for _an, _fn, qkv, o, gu, down in m._layers:
+        weights += [*qkv, o, *gu, down]
+    assert all(m._arena.holds(a) for w in weights for a in (w.qs, w.sc) if a.nbytes)
+    assert m._arena.nbytes == sum(w.nbytes for w in {id(w): w for w in weights}.values())
