@@ -20,7 +20,10 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import numpy as np
 import torch
+
+from streamkit.engine.arena import HugePageArena
 
 
 def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
@@ -129,6 +132,17 @@ class BlockAllocator:
             self._free.append(block)
 
 
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16}
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed pool: on the CPU in 2 MB pages where the kernel grants them (attention streams it
+    as a batch-1 step streams the weights: arena.py), elsewhere torch's own."""
+    if device.type == "cpu" and dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(HugePageArena().zeros(shape, _NUMPY_DTYPES[dtype]))
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 class PagedKVCache:
     """k/v pool shaped [n_layers, n_kv_heads, num_blocks * block_size, head_dim] (head-major).
 
@@ -145,8 +159,7 @@ class PagedKVCache:
         self.n_layers = n_layers
         shape = (n_layers, n_kv_heads, num_blocks * block_size, head_dim)
         # zeros: masked-out (never written) slots must stay finite
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = (_zeros(shape, dtype, torch.device(device)) for _ in range(2))
         self.allocator = BlockAllocator(num_blocks)
 
     @property

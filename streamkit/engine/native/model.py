@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from streamkit.engine import native
+from streamkit.engine.arena import HugePageArena
 from streamkit.engine.gguf_loader import GGUFModel
 from streamkit.engine.model import StepBatch, rope_angles
-from streamkit.engine.native.arena import WeightArena
 from streamkit.engine.native.weights import PackedWeight, greedy_head_bytes, pack, stack
 from streamkit.engine.paged_attention import default_scale
 
@@ -117,8 +117,8 @@ class NativeLlamaModel:
         B, T = gm.blocks, gm.tensors
 
         # the packed weights move into one arena of (where Linux grants them) 2 MB pages, a tensor at
-        # a time, so that a model's weights are never held twice (arena.py)
-        self._arena = WeightArena()
+        # a time, so that a model's weights are never held twice (streamkit/engine/arena.py)
+        self._arena = HugePageArena()
 
         def home(p: PackedWeight) -> PackedWeight:
             return PackedWeight(p.fmt, p.n, p.k, self._arena.place(p.qs), self._arena.place(p.sc))

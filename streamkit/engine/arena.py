@@ -1,4 +1,4 @@
-"""One home for a native model's packed weights, in memory the kernel may back with 2 MB pages.
+"""Memory the kernel may back with 2 MB pages: a native model's packed weights and the CPU KV cache.
 
 A batch-1 step streams every weight once, and at 4 KB pages that stream misses the TLB at each page
 and the L2 streamer starts over at each page's end: on the Intel Xeon with AMX (2026-12-07, 2
@@ -7,7 +7,8 @@ arrays and 20.2 from 2 MB pages (1.13x; one thread 10.3 against 12.1). numpy ask
 only for arrays over 4 MB, and only their aligned middles get them; the arena's segments are whole
 mappings with madvise(MADV_HUGEPAGE), which Linux honours where transparent huge pages are
 `madvise` or `always` (elsewhere, and off Linux, the arena is plain anonymous memory: the same
-numbers at the old speed).
+numbers at the old speed). The KV cache, which attention streams the same way: SmolLM2 at 16
+streams of 400 tokens, 1.04-1.12x a step.
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ HUGE_PAGE = 2 << 20
 ALIGN = 64  # the kernels' vector loads and prefetches assume cache-line-aligned arrays
 
 
-class WeightArena:
-    """A bump allocator over anonymous mappings: place() copies an array in and returns the copy.
-    The arena keeps its mappings alive; the arrays it returns are views into them."""
+class HugePageArena:
+    """A bump allocator over anonymous mappings: place() copies an array in, zeros() hands out fresh
+    (zero) memory. The arrays it returns are views that keep their mapping alive; nothing is freed
+    before the arena and every view of it are gone."""
 
     def __init__(self, segment_bytes: int = SEGMENT_BYTES):
         self._segment_bytes = segment_bytes
@@ -48,19 +50,28 @@ class WeightArena:
         # the kernel backs 2 MB-aligned stretches of the mapping with huge pages: start at the first
         self._used = (-self._buf.ctypes.data) % HUGE_PAGE
 
+    def _take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        at = (self._used + ALIGN - 1) // ALIGN * ALIGN
+        if not self._maps or at + nbytes > self._buf.nbytes:
+            self._grow(nbytes)
+            at = self._used
+        self._used = at + nbytes
+        self.nbytes += nbytes
+        return self._buf[at:at + nbytes].view(dtype).reshape(shape)
+
     def place(self, a: np.ndarray) -> np.ndarray:
         """A C-contiguous copy of `a` in the arena (empty arrays are returned as they are)."""
         if a.nbytes == 0:
             return a
-        at = (self._used + ALIGN - 1) // ALIGN * ALIGN
-        if not self._maps or at + a.nbytes > self._buf.nbytes:
-            self._grow(a.nbytes)
-            at = self._used
-        out = self._buf[at:at + a.nbytes].view(a.dtype).reshape(a.shape)
+        out = self._take(a.shape, a.dtype)
         out[...] = a
-        self._used = at + a.nbytes
-        self.nbytes += a.nbytes
         return out
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+        """A C-contiguous array of zeros: memory the arena never handed out, which the kernel maps
+        zeroed and faults in on first touch."""
+        return self._take(tuple(shape), np.dtype(dtype))
 
     def holds(self, a: np.ndarray) -> bool:
         """Whether `a` lies inside one of the arena's mappings."""

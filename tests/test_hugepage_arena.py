@@ -1,13 +1,15 @@
-"""The native weights' arena (streamkit/engine/native/arena.py): copies exact, aligned, in mappings
-advised to take huge pages; a real model's weights all live there."""
+"""The huge-page arena (streamkit/engine/arena.py): copies exact, aligned, in mappings advised to
+take huge pages; a real model's weights and the CPU KV cache live there."""
 from __future__ import annotations
 
 import sys
 
 import numpy as np
 import pytest
+import torch
 
-from streamkit.engine.native.arena import ALIGN, WeightArena
+from streamkit.engine.arena import ALIGN, HugePageArena
+from streamkit.engine.kv_cache import PagedKVCache
 
 
 def _mapping_flags(address: int) -> list[str]:
@@ -25,7 +27,7 @@ def _mapping_flags(address: int) -> list[str]:
 
 
 def test_placed_arrays_are_exact_aligned_and_kept_apart():
-    arena = WeightArena(segment_bytes=1 << 20)  # small segments, so that placing crosses several
+    arena = HugePageArena(segment_bytes=1 << 20)  # small segments, so that placing crosses several
     rng = np.random.default_rng(0)
     arrays = [rng.integers(0, 256, size, dtype=np.uint8) for size in (1, 63, 4097, 300_000, 900_000, 2_500_000)]
     arrays += [rng.standard_normal((37, 11)).astype(np.float32), np.empty(0, np.float32)]
@@ -47,10 +49,36 @@ def test_placed_arrays_are_exact_aligned_and_kept_apart():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_HUGEPAGE) is Linux's")
 def test_the_arena_asks_for_huge_pages():
-    arena = WeightArena()
+    arena = HugePageArena()
     p = arena.place(np.ones(3 << 20, np.uint8))
     assert "hg" in _mapping_flags(p.ctypes.data)  # hg: MADV_HUGEPAGE on this mapping
     assert p.ctypes.data % (2 << 20) == 0  # the first array starts on a huge page's boundary
+
+
+def test_zeros_are_fresh_memory_after_writes_elsewhere():
+    arena = HugePageArena(segment_bytes=1 << 20)
+    first = arena.place(np.full(1000, 7, np.int32))
+    z = arena.zeros((3, 500), np.float16)
+    assert z.shape == (3, 500) and z.dtype == np.float16 and not z.any()
+    z[...] = 1
+    assert (first == 7).all() and arena.holds(z)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_HUGEPAGE) is Linux's")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_cpu_kv_cache_asks_for_huge_pages(dtype):
+    cache = PagedKVCache(2, 3, 64, 40, 16, dtype, "cpu")
+    for pool in (cache.k, cache.v):
+        assert pool.dtype == dtype and pool.shape == (2, 3, 640, 64) and pool.is_contiguous()
+        assert not pool.any()
+        assert "hg" in _mapping_flags(pool.data_ptr())
+    cache.k[1, 2, 5] = 3.0  # the pools are apart
+    assert not cache.v.any() and float(cache.k.sum()) == 3.0 * 64
+
+
+def test_a_kv_cache_in_a_dtype_numpy_lacks_is_torchs():
+    cache = PagedKVCache(1, 1, 16, 2, 16, torch.bfloat16, "cpu")
+    assert cache.k.dtype == torch.bfloat16 and not cache.k.any()
 
 
 def test_a_native_models_weights_live_in_its_arena():
