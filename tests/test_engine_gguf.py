@@ -217,6 +217,35 @@ def test_tiny_qwen2_native_default_is_close_to_fp32(tmp_path, isa):
 
 
 @pytest.mark.parametrize("isa", native.ISAS)
+@pytest.mark.parametrize("layer_types", [("Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q4_K", "Q6_K"),
+                                         ("Q4_K", "Q5_0", "Q8_0", "Q4_1")], ids=["q4_k_m", "three-layouts"])
+def test_native_decode_with_x_packed_by_each_thread_is_bit_identical(tmp_path, isa, layer_types):
+    """A decode step whose fused matrices have parts in two formats, with x packed by each thread for
+    itself (sk_gemv.h's mm_gemv_own_team: one share space over the parts' columns; the second file
+    needs two layouts of x, Q4_K's and Q8_0's, and a Q4_1 one elsewhere), gives the logits of the
+    same step with x packed as the team's shares, bit for bit."""
+    from streamkit.engine.native.model import NativeLlamaModel
+
+    if not native.available(isa):
+        pytest.skip(f"native {isa} path unavailable here: {native.error(isa)}")
+    path = str(tmp_path / "parts.gguf")
+    write_model(path, layer_types=layer_types)
+    model = NativeLlamaModel(load_gguf(path, raw=True, progress=False), "native", isa=isa)
+    assert len({p.fmt for p in model._layers[0][2]}) == 2  # the fused QKV in two formats
+    lib = native.load(isa)
+    default = lib.sk_gemv_own_x(-1)
+    ids = [5, 17, 200, 3, 99, 150, 42, 7, 8, 250]
+    try:
+        runs = []
+        for own in (1, 0):
+            lib.sk_gemv_own_x(own)
+            runs.append(_run(model, ids))
+    finally:
+        lib.sk_gemv_own_x(default)
+    assert torch.equal(*runs)
+
+
+@pytest.mark.parametrize("isa", native.ISAS)
 @pytest.mark.parametrize("heads, kv, dim", [(2, 2, 128), (8, 2, 384), (10, 2, 800), (7, 1, 896)])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 def test_native_attention_head_layouts_match_torch(tmp_path, isa, heads, kv, dim, kv_dtype):

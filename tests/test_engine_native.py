@@ -827,6 +827,35 @@ def test_decode_greedy_runs_the_steps_of_single_forwards(raw_model, reference_ru
         burst([], [False] * len(ids), n=200)
 
 
+@pytest.fixture
+def gemv_own_x(isa):
+    """Sets whether few-row matmuls of small x have each thread pack x for itself (sk_gemv_own_x),
+    restoring the default afterwards."""
+    lib = native.load(isa)
+    default = lib.sk_gemv_own_x(-1)
+    yield lib.sk_gemv_own_x
+    lib.sk_gemv_own_x(default)
+
+
+@pytest.mark.parametrize("prompts", [1, 2])
+def test_few_row_steps_with_x_packed_by_each_thread_are_bit_identical(raw_model, reference_run, prompts, isa,
+                                                                      gemv_own_x):
+    """Decode steps of 1-2 rows whose matmuls have each thread pack x for itself, with the norms and
+    the SwiGLU each thread computes whole (sk_gemv.h's mm_gemv_own_team: no barrier between), give
+    the logits of the same steps with x packed as the team's shares, bit for bit."""
+    ids = reference_run[0][:prompts]
+
+    def run(own: int):
+        gemv_own_x(own)
+        model = NativeLlamaModel(raw_model, "native", isa=isa)
+        model.kv_cache = _cache(raw_model.config, torch.float16)
+        return _run_steps(model, ids, 4)
+
+    (own, own_ids), (shared, shared_ids) = run(1), run(0)
+    assert own_ids == shared_ids
+    assert all(torch.equal(a, b) for a, b in zip(own, shared))
+
+
 def test_forward_argmax_is_the_argmax_of_the_logits(raw_model, isa):
     """forward_argmax (a step whose rows all decode greedily): each row's largest logit without the
     logits. 3 rows take the head's 4-bit copy (sk_head4.h), 12 rows the greedy head where the path

@@ -764,34 +764,96 @@ __attribute__((noinline)) static void gemv_kquant_wide(const sk_w *w, int mr, in
 #define GEMV_BLOCK_ROWS(F)                                                                                   \
     if (two) { GEMV_BLOCK_ROWS_NT(F, 2) } else { GEMV_BLOCK_ROWS_NT(F, 1) }
 
-/* y [M][ldy] (+)= x . W^T for M <= SK_GEMV_MAX_ROWS, reading each weight once; xb (shared by
- * the team) holds the quantized x. Every row's result is the same whatever M is. two: both
- * activation terms (else the first only, ~8 bits, llama.cpp's precision: for drafts, whose tokens
- * the target checks, as the batched int8 path's int8_terms = 1). */
-static void mm_gemv_team(const sk_w *w, int M, const float *x, int ldx, uint8_t *xb, float *y, int ldy, int acc,
-                         int two, sk_team *t) {
-    const int blocks = gemv_block_format(w->fmt), mr = M;
-    share_begin(t, (w->n + SK_GEMV_STEAL - 1) / SK_GEMV_STEAL);
-    if (blocks)
-        gemv_pack_blocks_team(x, ldx, M, w->k, w->fmt != SK_Q8_0, xb, t);
-    else
-        gemv_pack_x_team(x, ldx, M, w->k, xb, t);
-    team_barrier(t);
+/* columns [c0, c1) of w for M <= SK_GEMV_MAX_ROWS rows of x packed in xb as w's format reads it
+ * (gemv_pack_team). two: both activation terms (else the first only, ~8 bits, llama.cpp's
+ * precision: for drafts, whose tokens the target checks, as the batched int8 path's int8_terms = 1). */
+static void gemv_columns(const sk_w *w, int M, const uint8_t *xb, float *y, int ldy, int acc, int two, int c0, int c1) {
+    const int mr = M;
     const uint8_t *xr = xb;
     float *yr = y;
+    switch (w->fmt) {
+    case SK_Q4_K: GEMV_ROWS(SK_Q4_K); break;
+    case SK_Q6_K: GEMV_ROWS(SK_Q6_K); break;
+#define COL gemv_block_col
+    case SK_Q4_1: GEMV_BLOCK_ROWS(SK_Q4_1); break;
+    case SK_Q4_0: GEMV_BLOCK_ROWS(SK_Q4_0); break;
+    default: GEMV_BLOCK_ROWS(SK_Q8_0); break;
+#undef COL
+    }
+}
+
+/* the layouts x is packed in: one for the K-quants, and the block formats' grouped (4-bit) or
+ * natural (Q8_0) order */
+enum { GEMV_PACK_KQUANT, GEMV_PACK_GROUPED, GEMV_PACK_Q8_0, GEMV_PACKS };
+INLINE int gemv_pack_kind(int fmt) {
+    return gemv_block_format(fmt) ? (fmt == SK_Q8_0 ? GEMV_PACK_Q8_0 : GEMV_PACK_GROUPED) : GEMV_PACK_KQUANT;
+}
+static size_t gemv_pack_bytes(int kind, int M, int K) {
+    return (size_t)M * (kind == GEMV_PACK_KQUANT ? gemv_x_stride(K) : gemv_b_stride(K));
+}
+
+/* x [M][K] packed in layout `kind` into xb, this thread's share of it */
+static void gemv_pack_team(int kind, int M, int K, const float *x, int ldx, uint8_t *xb, sk_team *t) {
+    if (kind == GEMV_PACK_KQUANT) gemv_pack_x_team(x, ldx, M, K, xb, t);
+    else gemv_pack_blocks_team(x, ldx, M, K, kind == GEMV_PACK_GROUPED, xb, t);
+}
+
+/* y [M][ldy] (+)= x . W^T for M <= SK_GEMV_MAX_ROWS, reading each weight once; xb (shared by
+ * the team) holds the quantized x. Every row's result is the same whatever M is. */
+static void mm_gemv_team(const sk_w *w, int M, const float *x, int ldx, uint8_t *xb, float *y, int ldy, int acc,
+                         int two, sk_team *t) {
+    share_begin(t, (w->n + SK_GEMV_STEAL - 1) / SK_GEMV_STEAL);
+    gemv_pack_team(gemv_pack_kind(w->fmt), M, w->k, x, ldx, xb, t);
+    team_barrier(t);
     int g0, g1;
     while (share_next(t, SK_GEMV_SHARE / SK_GEMV_STEAL, 1, &g0, &g1)) {
         const int c0 = g0 * SK_GEMV_STEAL, c1 = g1 * SK_GEMV_STEAL < w->n ? g1 * SK_GEMV_STEAL : w->n;
-        switch (w->fmt) {
-        case SK_Q4_K: GEMV_ROWS(SK_Q4_K); break;
-        case SK_Q6_K: GEMV_ROWS(SK_Q6_K); break;
-#define COL gemv_block_col
-        case SK_Q4_1: GEMV_BLOCK_ROWS(SK_Q4_1); break;
-        case SK_Q4_0: GEMV_BLOCK_ROWS(SK_Q4_0); break;
-        default: GEMV_BLOCK_ROWS(SK_Q8_0); break;
-#undef COL
+        gemv_columns(w, M, xb, y, ldy, acc, two, c0, c1);
+    }
+}
+
+/* Values of x (M rows times K) up to which a step's matmul has each thread pack all of x for itself
+ * (mm_gemv_own_team) instead of its share and a barrier: what it packs twice must cost less than
+ * the barrier's wait. */
+#define SK_GEMV_OWN_MAX 2048
+static int g_gemv_own_x = 1; /* 0: every matmul packs x as the team's shares (tests compare both) */
+
+/* mm_gemv_team over a fused matrix's parts (part j's columns after those of parts 0..j-1 in y),
+ * each thread packing all of x for itself: no barrier stands between what made x (a norm or the
+ * SwiGLU the thread computed itself, or a shared input complete at the last barrier) and the
+ * multiply. The columns of all parts are one share space. A thread may reach its steals before
+ * another has published its share (share_begin): it then finds that share as the last multiply
+ * left it, empty, and leaves it to its owner. Ends with a barrier, as matmul_team. */
+static void mm_gemv_own_team(const sk_w *parts, int n_parts, int M, const float *x, int ldx, float *y, int ldy,
+                             int acc, int two, sk_team *t) {
+    const int K = parts[0].k;
+    size_t at[GEMV_PACKS], bytes = 0;
+    for (int k = 0; k < GEMV_PACKS; k++) at[k] = SIZE_MAX;
+    int groups = 0;
+    for (int j = 0; j < n_parts; j++) {
+        const int kind = gemv_pack_kind(parts[j].fmt);
+        if (at[kind] == SIZE_MAX) at[kind] = bytes, bytes += gemv_pack_bytes(kind, M, K);
+        groups += (parts[j].n + SK_GEMV_STEAL - 1) / SK_GEMV_STEAL;
+    }
+    share_begin(t, groups);
+    uint8_t *xb = thread_buffer(SCRATCH_PACK, bytes);
+    sk_team solo = {0, 1, 0};
+    for (int k = 0; k < GEMV_PACKS; k++)
+        if (at[k] != SIZE_MAX) gemv_pack_team(k, M, K, x, ldx, xb + at[k], &solo);
+    int g0, g1;
+    while (share_next(t, SK_GEMV_SHARE / SK_GEMV_STEAL, 1, &g0, &g1)) {
+        for (int j = 0, first = 0, col = 0; j < n_parts && first < g1; col += parts[j].n, j++) {
+            const int ng = (parts[j].n + SK_GEMV_STEAL - 1) / SK_GEMV_STEAL, a = g0 > first ? g0 : first,
+                      b = g1 < first + ng ? g1 : first + ng;
+            if (a < b) {
+                const int c0 = (a - first) * SK_GEMV_STEAL, c1 = (b - first) * SK_GEMV_STEAL;
+                gemv_columns(&parts[j], M, xb + at[gemv_pack_kind(parts[j].fmt)], y + col, ldy, acc, two, c0,
+                             c1 < parts[j].n ? c1 : parts[j].n);
+            }
+            first += ng;
         }
     }
+    team_barrier(t);
 }
 
 #endif

@@ -286,6 +286,13 @@ SK_API int sk_gemv_chunks(int on) {
     return g_gemv_chunks;
 }
 
+/* whether a step's few-row matmuls of small x have each thread pack x for itself (sk_gemv.h's
+ * mm_gemv_own_team; the default): on >= 0 sets it (tests run both ways); returns it */
+SK_API int sk_gemv_own_x(int on) {
+    if (on >= 0) g_gemv_own_x = on != 0;
+    return g_gemv_own_x;
+}
+
 SK_API sk_model *sk_model_new(int n_layers, int dim, int ffn, int n_heads, int n_kv, int head_dim, int vocab,
                               float eps, float scale) {
     if (dim % 32 || ffn % 32 || head_dim % 16 || head_dim > 256 || n_kv <= 0 || n_heads % n_kv ||
@@ -712,6 +719,32 @@ static void matmul_parts(const sk_parts *p, int M, const float *x, int ldx, floa
         matmul_team(&p->w[j], M, x, ldx, y + c, ldy, 0, bf16_min_rows, i8_min_rows, i8_two, gemv, xb, t);
 }
 
+/* Whether a matmul of M rows over these parts runs as mm_gemv_own_team: every part takes the
+ * few-row kernel and x is small enough to pack twice (SK_GEMV_OWN_MAX). At batch 1 on 2 threads
+ * a layer's phase ends drop from 13 to 6 (SmolLM2: the norms and the SwiGLU go into the packing,
+ * and so do their barriers, as does each pack's). */
+static int own_x(const sk_w *parts, int n_parts, int M, int gemv) {
+    if (!gemv || !g_gemv_own_x || M * parts[0].k > SK_GEMV_OWN_MAX) return 0;
+    for (int j = 0; j < n_parts; j++)
+        if (!use_gemv(&parts[j], M, gemv)) return 0;
+    return 1;
+}
+
+/* rms_norm of rows [0, T) of x, all of it by this thread, into its SCRATCH_ROWS buffer */
+static float *own_norm_rows(const sk_model *m, const float *x, const float *w, int T) {
+    float *out = thread_buffer(SCRATCH_ROWS, (size_t)T * m->dim * 4);
+    for (int r = 0; r < T; r++) rms_norm_cols(x + (size_t)r * m->dim, w, m->dim, m->eps, out + (size_t)r * m->dim, 0, m->dim);
+    return out;
+}
+
+/* SwiGLU of rows [0, T) of gu, all of it by this thread, into its SCRATCH_ROWS buffer */
+static float *own_silu_rows(const sk_model *m, int T) {
+    const int F = m->ffn;
+    float *out = thread_buffer(SCRATCH_ROWS, (size_t)T * F * 4);
+    for (int r = 0; r < T; r++) silu_mul(m->gu + (size_t)r * 2 * F, m->gu + (size_t)r * 2 * F + F, F, out + (size_t)r * F);
+    return out;
+}
+
 static void forward_job(void *p, sk_team *t) {
     const forward_args *f = p;
 #define I8(bit) ((f->i8_mask & (bit)) ? f->i8_min_rows : 0) /* the int8 threshold of one matmul */
@@ -727,20 +760,35 @@ static void forward_job(void *p, sk_team *t) {
     team_barrier(t);
     for (int l = 0; l < m->n_layers; l++) {
         const sk_layer *L = &m->layers[l];
-        norm_rows(m, m->x, L->attn_norm, T, m->h, t);
-        team_barrier(t);
-        matmul_parts(&L->qkv, T, m->h, D, m->qkv, QKV, amr, I8(1), I8_TWO, GEMV, m->xb, t);
+        if (own_x(L->qkv.w, L->qkv.n_parts, T, GEMV)) {
+            mm_gemv_own_team(L->qkv.w, L->qkv.n_parts, T, own_norm_rows(m, m->x, L->attn_norm, T), D, m->qkv, QKV, 0,
+                             I8_TWO, t);
+        } else {
+            norm_rows(m, m->x, L->attn_norm, T, m->h, t);
+            team_barrier(t);
+            matmul_parts(&L->qkv, T, m->h, D, m->qkv, QKV, amr, I8(1), I8_TWO, GEMV, m->xb, t);
+        }
         rope_write_kv(f, L, l, T, t);
         team_barrier(t);
         attend_rows(f, l, T, t);
         team_barrier(t);
-        matmul_team(&L->o, T, m->att, A, m->x, D, 1, amr, I8(2), I8_TWO, GEMV, m->xb, t);
-        norm_rows(m, m->x, L->ffn_norm, T, m->h, t);
-        team_barrier(t);
-        matmul_parts(&L->gu, T, m->h, D, m->gu, 2 * F, amr, I8(4), I8_TWO, GEMV, m->xb, t);
-        silu_rows(m, T, t);
-        team_barrier(t);
-        matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), I8_TWO, GEMV, m->xb, t);
+        if (own_x(&L->o, 1, T, GEMV)) mm_gemv_own_team(&L->o, 1, T, m->att, A, m->x, D, 1, I8_TWO, t);
+        else matmul_team(&L->o, T, m->att, A, m->x, D, 1, amr, I8(2), I8_TWO, GEMV, m->xb, t);
+        if (own_x(L->gu.w, L->gu.n_parts, T, GEMV)) {
+            mm_gemv_own_team(L->gu.w, L->gu.n_parts, T, own_norm_rows(m, m->x, L->ffn_norm, T), D, m->gu, 2 * F, 0,
+                             I8_TWO, t);
+        } else {
+            norm_rows(m, m->x, L->ffn_norm, T, m->h, t);
+            team_barrier(t);
+            matmul_parts(&L->gu, T, m->h, D, m->gu, 2 * F, amr, I8(4), I8_TWO, GEMV, m->xb, t);
+        }
+        if (own_x(&L->down, 1, T, GEMV)) {
+            mm_gemv_own_team(&L->down, 1, T, own_silu_rows(m, T), F, m->x, D, 1, I8_TWO, t);
+        } else {
+            silu_rows(m, T, t);
+            team_barrier(t);
+            matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), I8_TWO, GEMV, m->xb, t);
+        }
     }
     int c0, c1;
     row_share(t, f->R, D, &a, &b, &c0, &c1);

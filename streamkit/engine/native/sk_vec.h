@@ -182,20 +182,25 @@ INLINE __m256 exp8(__m256 x) {
 INLINE v16 v16_exp(v16 x) { return v16_make(exp8(x.a), exp8(x.b)); }
 #endif
 
-/* this thread's scratch, at least `bytes`, kept between calls: a weight strip and its scales, the
- * few-row kernel's sums between passes, or attention scores. A thread runs one matmul or one
- * attention at a time, so all of them share it (tens to hundreds of KB) */
-static __thread void *t_strip;
-static __thread size_t t_strip_cap;
+/* A thread's scratch buffers, at least `bytes` each, kept between calls. A thread runs one matmul
+ * or one attention at a time, so those share SCRATCH_STRIP (a weight strip and its scales, the
+ * few-row kernel's sums between passes, or attention scores: tens to hundreds of KB); the few-row
+ * kernel's x packed by a thread for itself (SCRATCH_PACK) and the fp32 rows it packs them from
+ * (SCRATCH_ROWS) outlive a matmul's start, so they have their own. */
+enum { SCRATCH_STRIP, SCRATCH_ROWS, SCRATCH_PACK, SCRATCH_SLOTS };
+static __thread void *t_scratch[SCRATCH_SLOTS];
+static __thread size_t t_scratch_cap[SCRATCH_SLOTS];
 
-static void *strip_buffer(size_t bytes) {
-    if (t_strip_cap < bytes) {
-        free(t_strip);
-        t_strip = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (!t_strip) abort(); /* nothing sensible is left to do */
-        t_strip_cap = bytes;
+static void *thread_buffer(int slot, size_t bytes) {
+    if (t_scratch_cap[slot] < bytes) {
+        free(t_scratch[slot]);
+        t_scratch[slot] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!t_scratch[slot]) abort(); /* nothing sensible is left to do */
+        t_scratch_cap[slot] = bytes;
     }
-    return t_strip;
+    return t_scratch[slot];
 }
+
+static void *strip_buffer(size_t bytes) { return thread_buffer(SCRATCH_STRIP, bytes); }
 
 #endif
