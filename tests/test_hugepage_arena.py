@@ -12,18 +12,22 @@ from streamkit.engine.arena import ALIGN, HugePageArena
 from streamkit.engine.kv_cache import PagedKVCache
 
 
-def _mapping_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping holding `address` (Linux's /proc/self/smaps)."""
-    inside = False
+def _mapping(address: int) -> dict[str, str]:
+    """The smaps fields (Rss, VmFlags, ...) of the mapping holding `address` (Linux's /proc/self/smaps)."""
+    fields: dict[str, str] | None = None
     with open("/proc/self/smaps") as f:
         for line in f:
-            head = line.split()[0]
+            head, _, rest = line.partition(" ")
             if "-" in head and not head.endswith(":"):
+                if fields is not None:
+                    return fields
                 lo, hi = (int(v, 16) for v in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+                fields = {} if lo <= address < hi else None
+            elif fields is not None:
+                fields[head.rstrip(":")] = rest.strip()
+    if fields is None:
+        raise AssertionError(f"no mapping holds {address:#x}")
+    return fields
 
 
 def test_placed_arrays_are_exact_aligned_and_kept_apart():
@@ -51,7 +55,7 @@ def test_placed_arrays_are_exact_aligned_and_kept_apart():
 def test_the_arena_asks_for_huge_pages():
     arena = HugePageArena()
     p = arena.place(np.ones(3 << 20, np.uint8))
-    assert "hg" in _mapping_flags(p.ctypes.data)  # hg: MADV_HUGEPAGE on this mapping
+    assert "hg" in _mapping(p.ctypes.data)["VmFlags"].split()  # hg: MADV_HUGEPAGE on this mapping
     assert p.ctypes.data % (2 << 20) == 0  # the first array starts on a huge page's boundary
 
 
@@ -70,8 +74,11 @@ def test_the_cpu_kv_cache_asks_for_huge_pages(dtype):
     cache = PagedKVCache(2, 3, 64, 40, 16, dtype, "cpu")
     for pool in (cache.k, cache.v):
         assert pool.dtype == dtype and pool.shape == (2, 3, 640, 64) and pool.is_contiguous()
+        smaps = _mapping(pool.data_ptr())
+        assert "hg" in smaps["VmFlags"].split()
+        # resident from the start: pages faulted in one by one during a session stalled the dubbing
+        assert int(smaps["Rss"].split()[0]) * 1024 >= pool.numel() * pool.element_size()
         assert not pool.any()
-        assert "hg" in _mapping_flags(pool.data_ptr())
     cache.k[1, 2, 5] = 3.0  # the pools are apart
     assert not cache.v.any() and float(cache.k.sum()) == 3.0 * 64
 
