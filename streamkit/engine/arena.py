@@ -37,7 +37,10 @@ class HugePageArena:
     def _grow(self, need: int) -> None:
         size = max(self._segment_bytes, need + HUGE_PAGE)
         size = (size + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
-        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MAP_PRIVATE"):  # private: shared anonymous memory is shmem, whose huge pages are off by default
+            mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        else:  # Windows: anonymous memory is all there is
+            mm = mmap.mmap(-1, size)
         advice = getattr(mmap, "MADV_HUGEPAGE", None)
         if advice is not None:
             try:
