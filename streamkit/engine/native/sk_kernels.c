@@ -641,14 +641,14 @@ static void attend_rows(const forward_args *f, int l, int T, sk_team *t) {
     }
 }
 
-/* SwiGLU of rows [0, T) of gu into act, this thread's share (row_share) */
-static void silu_rows(const sk_model *m, int T, sk_team *t) {
+/* SwiGLU of rows [0, T) of gu into out [T][ffn], this thread's share (row_share) */
+static void silu_rows(const sk_model *m, int T, float *out, sk_team *t) {
     const int F = m->ffn;
     int r0, r1, c0, c1;
     row_share(t, T, F, &r0, &r1, &c0, &c1);
     for (int r = r0; r < r1; r++) {
         const float *g = m->gu + (size_t)r * 2 * F;
-        silu_mul(g + c0, g + F + c0, c1 - c0, m->act + (size_t)r * F + c0);
+        silu_mul(g + c0, g + F + c0, c1 - c0, out + (size_t)r * F + c0);
     }
 }
 
@@ -730,18 +730,19 @@ static int own_x(const sk_w *parts, int n_parts, int M, int gemv) {
     return 1;
 }
 
-/* rms_norm of rows [0, T) of x, all of it by this thread, into its SCRATCH_ROWS buffer */
+/* rms_norm of rows [0, T) of x, all of it by this thread (a team of one), into its SCRATCH_ROWS buffer */
 static float *own_norm_rows(const sk_model *m, const float *x, const float *w, int T) {
     float *out = thread_buffer(SCRATCH_ROWS, (size_t)T * m->dim * 4);
-    for (int r = 0; r < T; r++) rms_norm_cols(x + (size_t)r * m->dim, w, m->dim, m->eps, out + (size_t)r * m->dim, 0, m->dim);
+    sk_team solo = {0, 1, 0};
+    norm_rows(m, x, w, T, out, &solo);
     return out;
 }
 
-/* SwiGLU of rows [0, T) of gu, all of it by this thread, into its SCRATCH_ROWS buffer */
+/* SwiGLU of rows [0, T) of gu, all of it by this thread (a team of one), into its SCRATCH_ROWS buffer */
 static float *own_silu_rows(const sk_model *m, int T) {
-    const int F = m->ffn;
-    float *out = thread_buffer(SCRATCH_ROWS, (size_t)T * F * 4);
-    for (int r = 0; r < T; r++) silu_mul(m->gu + (size_t)r * 2 * F, m->gu + (size_t)r * 2 * F + F, F, out + (size_t)r * F);
+    float *out = thread_buffer(SCRATCH_ROWS, (size_t)T * m->ffn * 4);
+    sk_team solo = {0, 1, 0};
+    silu_rows(m, T, out, &solo);
     return out;
 }
 
@@ -785,7 +786,7 @@ static void forward_job(void *p, sk_team *t) {
         if (own_x(&L->down, 1, T, GEMV)) {
             mm_gemv_own_team(&L->down, 1, T, own_silu_rows(m, T), F, m->x, D, 1, I8_TWO, t);
         } else {
-            silu_rows(m, T, t);
+            silu_rows(m, T, m->act, t);
             team_barrier(t);
             matmul_team(&L->down, T, m->act, F, m->x, D, 1, amr, I8(8), I8_TWO, GEMV, m->xb, t);
         }
