@@ -587,28 +587,34 @@ static void norm_rows(const sk_model *m, const float *x, const float *w, int T, 
     for (int r = r0; r < r1; r++) rms_norm_cols(x + (size_t)r * D, w, D, m->eps, out + (size_t)r * D, c0, c1);
 }
 
-/* the QKV bias, RoPE and the K/V write of T tokens, this thread's share of (token, KV head) units:
- * a KV head's K and V and the G query heads that share it */
+/* the QKV bias, RoPE and the K/V write of T tokens, this thread's share of (token, head) units: each
+ * query head, and each KV head's K and V (by KV head with its G query heads, SmolLM2's batch-1 step
+ * gave one thread 2 of 3 units and the other waited) */
 static void rope_write_kv(const forward_args *f, const sk_layer *L, int l, int T, sk_team *t) {
     const sk_model *m = f->m;
-    const int H = m->n_heads, KV = m->n_kv, hd = m->head_dim, G = H / KV, QKV = (H + 2 * KV) * hd, A = H * hd;
+    const int H = m->n_heads, KV = m->n_kv, hd = m->head_dim, QKV = (H + 2 * KV) * hd, A = H * hd, U = H + KV;
     int a, b;
-    team_span(t, T * KV, &a, &b);
+    team_span(t, T * U, &a, &b);
     for (int u = a; u < b; u++) {
-        const int r = u / KV, j = u % KV;
-        float *q = m->qkv + (size_t)r * QKV + (size_t)j * G * hd, *k = m->qkv + (size_t)r * QKV + A + (size_t)j * hd;
-        float *v = k + (size_t)KV * hd;
+        const int r = u / U, j = u % U;
+        const float *cs = m->rope_cos + (size_t)f->pos[r] * (hd / 2), *sn = m->rope_sin + (size_t)f->pos[r] * (hd / 2);
+        float *row = m->qkv + (size_t)r * QKV;
+        if (j < H) { /* query head j */
+            float *q = row + (size_t)j * hd;
+            if (L->qkv_bias)
+                for (int i = 0; i < hd; i++) q[i] += L->qkv_bias[(size_t)j * hd + i];
+            rope(q, 1, hd, cs, sn);
+            continue;
+        }
+        const int kv = j - H; /* KV head kv: its K and V */
+        float *k = row + A + (size_t)kv * hd, *v = k + (size_t)KV * hd;
         if (L->qkv_bias) {
-            const float *bq = L->qkv_bias + (size_t)j * G * hd, *bk = L->qkv_bias + A + (size_t)j * hd;
-            const float *bv = bk + (size_t)KV * hd;
-            for (int i = 0; i < G * hd; i++) q[i] += bq[i];
+            const float *bk = L->qkv_bias + A + (size_t)kv * hd, *bv = bk + (size_t)KV * hd;
             for (int i = 0; i < hd; i++) k[i] += bk[i];
             for (int i = 0; i < hd; i++) v[i] += bv[i];
         }
-        const float *cs = m->rope_cos + (size_t)f->pos[r] * (hd / 2), *sn = m->rope_sin + (size_t)f->pos[r] * (hd / 2);
-        rope(q, G, hd, cs, sn);
         rope(k, 1, hd, cs, sn);
-        write_kv(m, l, (long)f->slots[r], j, k, v);
+        write_kv(m, l, (long)f->slots[r], kv, k, v);
     }
 }
 
