@@ -211,14 +211,29 @@ def test_int8_matmul_every_format_accumulates(kind, rows, terms, isa):
     assert torch.equal(under, below)  # under its threshold
 
 
+@pytest.fixture(params=["flags", "centralized"])
+def barrier(request, isa):
+    """Runs a test with teams meeting at the flag barrier (the default up to 16 threads) and at the
+    centralized one (sk_pool.h; the same code on every path, so on this CPU's own path only),
+    restoring the default afterwards."""
+    if request.param == "centralized" and isa != native.isa():
+        pytest.skip("the centralized barrier is tested on this CPU's own path")
+    lib = native.load(isa)
+    default = lib.sk_flag_barrier_max(-1)
+    lib.sk_flag_barrier_max(default if request.param == "flags" else 0)
+    yield request.param
+    lib.sk_flag_barrier_max(default)
+
+
 @pytest.mark.parametrize("kind", ["Q4_K", "Q4_1", "Q8_0"])
 @pytest.mark.parametrize("rows", [1, 17])
-def test_matmul_shares_taken_on_demand_cover_every_column_once(kind, rows, isa):
+def test_matmul_shares_taken_on_demand_cover_every_column_once(kind, rows, isa, barrier):
     """The kernels hand their columns out on demand (sk_pool.h's share_next: each thread's share from
     the front, the others' from the back once it is done). With more threads than CPUs, so that
     threads are descheduled mid-share and others take over, y += x . W^T is bit for bit what one
-    thread computes: no column skipped, none added twice. 1 row runs the few-row kernel, 17 rows
-    the batched int8 / int16 one and the bf16 one; 208 columns are 13 strips of 16: uneven shares."""
+    thread computes: no column skipped, none added twice, whichever barrier the threads meet at.
+    1 row runs the few-row kernel, 17 rows the batched int8 / int16 one and the bf16 one; 208
+    columns are 13 strips of 16: uneven shares."""
     rng = np.random.default_rng(KINDS.index(kind) + 29)
     w = _weight(kind, 208, 512, rng)
     x = torch.from_numpy(rng.standard_normal((rows, 512)).astype(np.float32))

@@ -147,6 +147,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_init": ([], I),
         "sk_gemv_chunks": ([I], I),
         "sk_gemv_own_x": ([I], I),
+        "sk_flag_barrier_max": ([I], I),
         "sk_model_new": ([I, I, I, I, I, I, I, F, F], P),
         "sk_model_free": ([P], None),
         "sk_model_set_globals": ([P, I, P, P, I, P, P, P, P, P, I], None),

@@ -293,6 +293,13 @@ SK_API int sk_gemv_own_x(int on) {
     return g_gemv_own_x;
 }
 
+/* teams up to n threads meet at the flag barrier, larger ones at the centralized one (sk_pool.h):
+ * n in [0, SK_FLAG_BARRIER_MAX] sets it (tests run both); returns it */
+SK_API int sk_flag_barrier_max(int n) {
+    if (n >= 0 && n <= SK_FLAG_BARRIER_MAX) g_flag_barrier_max = n;
+    return g_flag_barrier_max;
+}
+
 SK_API sk_model *sk_model_new(int n_layers, int dim, int ffn, int n_heads, int n_kv, int head_dim, int vocab,
                               float eps, float scale) {
     if (dim % 32 || ffn % 32 || head_dim % 16 || head_dim > 256 || n_kv <= 0 || n_heads % n_kv ||
@@ -587,26 +594,61 @@ static void norm_rows(const sk_model *m, const float *x, const float *w, int T, 
     for (int r = r0; r < r1; r++) rms_norm_cols(x + (size_t)r * D, w, D, m->eps, out + (size_t)r * D, c0, c1);
 }
 
-/* the QKV bias, RoPE and the K/V write of T tokens, this thread's share of (token, head) units: each
- * query head, and each KV head's K and V (by KV head with its G query heads, SmolLM2's batch-1 step
- * gave one thread 2 of 3 units and the other waited) */
+/* rope_write_kv's units: per token, each KV head's K and V, then the G query heads that share it
+ * (by KV head with its G query heads, SmolLM2's batch-1 step gave one thread 2 of 3 units and the
+ * other waited); this thread's share [*a, *b) of them, and unit u's token, KV head and query head
+ * within the group (-1: the K and V) */
+static void rope_units(const sk_model *m, int T, const sk_team *t, int *a, int *b) {
+    team_span(t, T * m->n_kv * (m->n_heads / m->n_kv + 1), a, b);
+}
+INLINE void rope_unit(const sk_model *m, int u, int *r, int *kv, int *g) {
+    const int per = m->n_heads / m->n_kv + 1, j = u % (m->n_kv * per);
+    *r = u / (m->n_kv * per);
+    *kv = j / per;
+    *g = j % per - 1;
+}
+
+/* the lines rope_write_kv will write for this thread's units of layer l into cache, ahead: a K
+ * column is head_dim values block_size apart (32 lines of a 2 KB block in float16), which the
+ * write otherwise fetched one by one while the other thread waited at the barrier */
+static void prefetch_kv_writes(const forward_args *f, int l, int T, const sk_team *t) {
+    const sk_model *m = f->m;
+    const int hd = m->head_dim, bs = m->block_size, esize = m->kv_half ? 2 : 4;
+    const int step = bs * esize >= 64 ? 1 : 64 / (bs * esize); /* K rows a line holds */
+    int a, b;
+    rope_units(m, T, t, &a, &b);
+    for (int u = a; u < b; u++) {
+        int r, kv, g;
+        rope_unit(m, u, &r, &kv, &g);
+        if (g >= 0) continue;
+        const long slot = (long)f->slots[r], blk = slot / bs, off = slot % bs;
+        const size_t head = ((size_t)l * m->n_kv + kv) * (size_t)m->pool_slots;
+        const char *k = (const char *)m->k_pool + ((head + (size_t)blk * bs) * hd + off) * esize;
+        const char *v = (const char *)m->v_pool + (head + (size_t)slot) * hd * esize;
+        for (int d = 0; d < hd; d += step) prefetch(k + (size_t)d * bs * esize);
+        for (int i = 0; i < hd * esize; i += 64) prefetch(v + i);
+    }
+}
+
+/* the QKV bias, RoPE and the K/V write of T tokens, this thread's share of rope_units */
 static void rope_write_kv(const forward_args *f, const sk_layer *L, int l, int T, sk_team *t) {
     const sk_model *m = f->m;
-    const int H = m->n_heads, KV = m->n_kv, hd = m->head_dim, QKV = (H + 2 * KV) * hd, A = H * hd, U = H + KV;
+    const int H = m->n_heads, KV = m->n_kv, hd = m->head_dim, G = H / KV, QKV = (H + 2 * KV) * hd, A = H * hd;
     int a, b;
-    team_span(t, T * U, &a, &b);
+    rope_units(m, T, t, &a, &b);
     for (int u = a; u < b; u++) {
-        const int r = u / U, j = u % U;
+        int r, kv, g;
+        rope_unit(m, u, &r, &kv, &g);
         const float *cs = m->rope_cos + (size_t)f->pos[r] * (hd / 2), *sn = m->rope_sin + (size_t)f->pos[r] * (hd / 2);
         float *row = m->qkv + (size_t)r * QKV;
-        if (j < H) { /* query head j */
-            float *q = row + (size_t)j * hd;
+        if (g >= 0) { /* query head kv G + g */
+            const int h = kv * G + g;
+            float *q = row + (size_t)h * hd;
             if (L->qkv_bias)
-                for (int i = 0; i < hd; i++) q[i] += L->qkv_bias[(size_t)j * hd + i];
+                for (int i = 0; i < hd; i++) q[i] += L->qkv_bias[(size_t)h * hd + i];
             rope(q, 1, hd, cs, sn);
             continue;
         }
-        const int kv = j - H; /* KV head kv: its K and V */
         float *k = row + A + (size_t)kv * hd, *v = k + (size_t)KV * hd;
         if (L->qkv_bias) {
             const float *bk = L->qkv_bias + A + (size_t)kv * hd, *bv = bk + (size_t)KV * hd;
@@ -767,6 +809,7 @@ static void forward_job(void *p, sk_team *t) {
     team_barrier(t);
     for (int l = 0; l < m->n_layers; l++) {
         const sk_layer *L = &m->layers[l];
+        prefetch_kv_writes(f, l, T, t);
         if (own_x(L->qkv.w, L->qkv.n_parts, T, GEMV)) {
             mm_gemv_own_team(L->qkv.w, L->qkv.n_parts, T, own_norm_rows(m, m->x, L->attn_norm, T), D, m->qkv, QKV, 0,
                              I8_TWO, t);

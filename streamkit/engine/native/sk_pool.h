@@ -26,9 +26,20 @@
 #define SK_IDLE_SPINS 4000    /* pause iterations (~0.1-0.5 ms) before an idle worker sleeps */
 #define SK_BARRIER_SPINS 2000 /* before a waiting thread starts yielding its core */
 
+/* sense: the centralized barrier's; epoch: the flag barrier's count of this job's barriers so far */
 typedef struct {
     int tid, nt, sense;
+    uint64_t epoch;
 } sk_team;
+
+/* Teams up to this size meet at barriers by flags: each thread stores how many barriers it has
+ * reached in a line of its own and waits until every other thread's count has reached its own. The
+ * last thread's store is then one line transfer from each waiter. The centralized barrier (a shared
+ * count, then a shared sense) takes three in a row: the count's line to the last arriver, the sense's
+ * line from its readers, back to them. Larger teams take it, not nt line reads a thread. */
+#define SK_FLAG_BARRIER_MAX 16
+/* bits of a flag count that number a job's barriers (the job's sequence number above them) */
+#define SK_EPOCH_BITS 24
 
 typedef void (*sk_job)(void *arg, sk_team *team);
 
@@ -46,6 +57,7 @@ static struct {
     sk_job job;
     void *arg;
     int nt;
+    uint64_t seq; /* jobs run so far: each starts its flag counts above the last job's */
 } g_pool = {.start_lock = PTHREAD_MUTEX_INITIALIZER, .run_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void futex_wait(_Atomic unsigned *addr, unsigned val) {
@@ -61,8 +73,24 @@ static void spin_or_yield(int *spins, int limit) {
     else sched_yield();
 }
 
+static struct {
+    _Alignas(64) _Atomic uint64_t count;
+} g_arrived[SK_FLAG_BARRIER_MAX];
+
+static int g_flag_barrier_max = SK_FLAG_BARRIER_MAX; /* tests lower it to run the centralized one */
+
 static void team_barrier(sk_team *t) {
     if (t->nt <= 1) return;
+    if (t->nt <= g_flag_barrier_max) {
+        const uint64_t e = ++t->epoch;
+        atomic_store_explicit(&g_arrived[t->tid].count, e, memory_order_release);
+        for (int i = 0; i < t->nt; i++) {
+            int spins = 0;
+            while (i != t->tid && atomic_load_explicit(&g_arrived[i].count, memory_order_acquire) < e)
+                spin_or_yield(&spins, SK_BARRIER_SPINS);
+        }
+        return;
+    }
     t->sense ^= 1;
     if (atomic_fetch_add(&g_pool.bar_count, 1) == t->nt - 1) {
         atomic_store(&g_pool.bar_count, 0);
@@ -96,7 +124,7 @@ static void *pool_worker(void *p) {
         }
         seen = g;
         if (tid < g_pool.nt) {
-            sk_team team = {tid, g_pool.nt, 0};
+            sk_team team = {tid, g_pool.nt, 0, g_pool.seq << SK_EPOCH_BITS};
             g_pool.job(g_pool.arg, &team);
         }
         atomic_fetch_sub_explicit(&g_pool.pending, 1, memory_order_release);
@@ -145,12 +173,13 @@ static void pool_run(sk_job job, void *arg, int nt) {
     g_pool.job = job;
     g_pool.arg = arg;
     g_pool.nt = nt;
+    g_pool.seq++;
     atomic_store(&g_pool.bar_count, 0);
     atomic_store(&g_pool.bar_sense, 0);
     atomic_store(&g_pool.pending, g_pool.started); /* every worker checks in, idle ones at once */
     atomic_fetch_add(&g_pool.gen, 1);
     if (atomic_load(&g_pool.sleepers) > 0) futex_wake_all(&g_pool.gen);
-    sk_team team = {0, nt, 0};
+    sk_team team = {0, nt, 0, g_pool.seq << SK_EPOCH_BITS};
     job(arg, &team);
     int spins = 0;
     while (atomic_load_explicit(&g_pool.pending, memory_order_acquire) > 0) spin_or_yield(&spins, SK_BARRIER_SPINS);
