@@ -888,28 +888,28 @@ static void mm_gemv_team(const sk_w *w, int M, const float *x, int ldx, uint8_t 
 #define SK_GEMV_OWN_MAX 2048
 static int g_gemv_own_x = 1; /* 0: every matmul packs x as the team's shares (tests compare both) */
 
-/* mm_gemv_team over a fused matrix's parts (part j's columns after those of parts 0..j-1 in y),
- * each thread packing all of x for itself: no barrier stands between what made x (a norm or the
- * SwiGLU the thread computed itself, or a shared input complete at the last barrier) and the
- * multiply. The columns of all parts are one share space. A thread may reach its steals before
- * another has published its share (share_begin): it then finds that share as the last multiply
- * left it, empty, and leaves it to its owner. Ends with a barrier, as matmul_team. */
-static void mm_gemv_own_team(const sk_w *parts, int n_parts, int M, const float *x, int ldx, float *y, int ldy,
-                             int acc, int two, sk_team *t) {
-    const int K = parts[0].k;
-    size_t at[GEMV_PACKS], bytes = 0;
+/* x packed for a fused matrix's parts, each layout they read once (the offsets in xb: at[kind],
+ * SIZE_MAX for a layout no part reads): returns the bytes; *groups: the parts' groups of
+ * SK_GEMV_STEAL columns, the share space of gemv_parts_groups */
+static size_t gemv_parts_layouts(const sk_w *parts, int n_parts, int M, size_t *at, int *groups) {
+    size_t bytes = 0;
     for (int k = 0; k < GEMV_PACKS; k++) at[k] = SIZE_MAX;
-    int groups = 0;
+    *groups = 0;
     for (int j = 0; j < n_parts; j++) {
         const int kind = gemv_pack_kind(parts[j].fmt);
-        if (at[kind] == SIZE_MAX) at[kind] = bytes, bytes += gemv_pack_bytes(kind, M, K);
-        groups += (parts[j].n + SK_GEMV_STEAL - 1) / SK_GEMV_STEAL;
+        if (at[kind] == SIZE_MAX) at[kind] = bytes, bytes += gemv_pack_bytes(kind, M, parts[0].k);
+        *groups += (parts[j].n + SK_GEMV_STEAL - 1) / SK_GEMV_STEAL;
     }
-    share_begin(t, groups);
-    uint8_t *xb = thread_buffer(SCRATCH_PACK, bytes);
-    sk_team solo = {0, 1, 0};
-    for (int k = 0; k < GEMV_PACKS; k++)
-        if (at[k] != SIZE_MAX) gemv_pack_team(k, M, K, x, ldx, xb + at[k], &solo);
+    return bytes;
+}
+
+/* The multiply of a fused matrix's parts (part j's columns after those of parts 0..j-1, in y too),
+ * x packed at xb as gemv_parts_layouts laid it out, complete for every thread: the columns of all
+ * parts are one share space, this thread's share published (share_begin of their groups). A thread
+ * may reach its steals before another has published its share: it then finds that share as the
+ * last multiply left it, empty, and leaves it to its owner. Ends with a barrier, as matmul_team. */
+static void gemv_parts_team(const sk_w *parts, int n_parts, int M, const uint8_t *xb, const size_t *at, float *y,
+                            int ldy, int acc, int two, sk_team *t) {
     int g0, g1;
     while (share_next(t, SK_GEMV_SHARE / SK_GEMV_STEAL, 1, &g0, &g1)) {
         for (int j = 0, first = 0, col = 0; j < n_parts && first < g1; col += parts[j].n, j++) {
@@ -924,6 +924,32 @@ static void mm_gemv_own_team(const sk_w *parts, int n_parts, int M, const float 
         }
     }
     team_barrier(t);
+}
+
+/* mm_gemv_team over a fused matrix's parts, each thread packing all of x for itself: no barrier
+ * stands between what made x (a norm or the SwiGLU the thread computed itself, or a shared input
+ * complete at the last barrier) and the multiply (gemv_parts_team). */
+static void mm_gemv_own_team(const sk_w *parts, int n_parts, int M, const float *x, int ldx, float *y, int ldy,
+                             int acc, int two, sk_team *t) {
+    size_t at[GEMV_PACKS];
+    int groups;
+    uint8_t *xb = thread_buffer(SCRATCH_PACK, gemv_parts_layouts(parts, n_parts, M, at, &groups));
+    share_begin(t, groups);
+    sk_team solo = {0, 1, 0, 0};
+    for (int k = 0; k < GEMV_PACKS; k++)
+        if (at[k] != SIZE_MAX) gemv_pack_team(k, M, parts[0].k, x, ldx, xb + at[k], &solo);
+    gemv_parts_team(parts, n_parts, M, xb, at, y, ldy, acc, two, t);
+}
+
+/* y [M][ldy] (+)= x . W^T, x packed in w's layout at xb by the team before the last barrier (the
+ * attention's output, as each thread finished its heads: attend_rows) */
+static void mm_gemv_packed_team(const sk_w *w, int M, const uint8_t *xb, float *y, int ldy, int acc, int two,
+                                sk_team *t) {
+    size_t at[GEMV_PACKS];
+    int groups;
+    gemv_parts_layouts(w, 1, M, at, &groups);
+    share_begin(t, groups);
+    gemv_parts_team(w, 1, M, xb, at, y, ldy, acc, two, t);
 }
 
 #endif

@@ -660,11 +660,23 @@ static void rope_write_kv(const forward_args *f, const sk_layer *L, int l, int T
     }
 }
 
+/* heads [h0, h0 + n) of row r of the attention's output packed where the output projection reads
+ * them (gemv_pack_row_blocks), if o_xb is set */
+INLINE void pack_heads(const sk_model *m, int r, int h0, int n, uint8_t *o_xb, int grouped) {
+    const int A = m->n_heads * m->head_dim, per = m->head_dim / 32;
+    if (o_xb)
+        gemv_pack_row_blocks(m->att + (size_t)r * A, A, grouped, o_xb + (size_t)r * gemv_b_stride(A), h0 * per,
+                             (h0 + n) * per);
+}
+
 /* attention of T tokens, this thread's share. Few tokens (SmolLM2 at batch 1: 3 KV heads of 3
  * query heads each): contiguous runs of query heads, so the threads get as many heads each (by KV
  * head, one thread did 2 of the 3 and the other waited, 4 % of a batch-1 step); else (token, KV
- * head) units interleaved, since prefill rows grow in length. */
-static void attend_rows(const forward_args *f, int l, int T, sk_team *t) {
+ * head) units interleaved, since prefill rows grow in length. With o_xb each thread packs the heads
+ * it attended for the output projection's few-row kernel (grouped: the 4-bit formats' layout), so
+ * that starts at the barrier after this (each thread packed all of it, half the lines the other
+ * thread's: 2,000-2,500 cycles a layer of SmolLM2's batch-1 step). */
+static void attend_rows(const forward_args *f, int l, int T, uint8_t *o_xb, int grouped, sk_team *t) {
     const sk_model *m = f->m;
     const int H = m->n_heads, KV = m->n_kv, hd = m->head_dim, G = H / KV, QKV = (H + 2 * KV) * hd, A = H * hd;
     if (T * KV < 4 * t->nt) {
@@ -674,6 +686,7 @@ static void attend_rows(const forward_args *f, int l, int T, sk_team *t) {
             const int r = h / H, hh = h % H, g = hh % G, n = G - g < b - h ? G - g : b - h;
             attend(m, l, hh / G, m->qkv + (size_t)r * QKV + (size_t)hh * hd, n, f->pos[r] + 1,
                    f->tables + (size_t)f->tok_seq[r] * f->nb_stride, m->att + (size_t)r * A + (size_t)hh * hd);
+            pack_heads(m, r, hh, n, o_xb, grouped);
             h += n;
         }
         return;
@@ -686,6 +699,7 @@ static void attend_rows(const forward_args *f, int l, int T, sk_team *t) {
                               m->kv_half);
         attend(m, l, j, m->qkv + (size_t)r * QKV + (size_t)j * G * hd, G, f->pos[r] + 1,
                f->tables + (size_t)f->tok_seq[r] * f->nb_stride, m->att + (size_t)r * A + (size_t)j * G * hd);
+        pack_heads(m, r, j * G, G, o_xb, grouped);
     }
 }
 
@@ -778,10 +792,18 @@ static int own_x(const sk_w *parts, int n_parts, int M, int gemv) {
     return 1;
 }
 
+/* Whether the attention packs its output for the output projection (attend_rows' o_xb): the
+ * projection takes the few-row kernel on a layout with a scale per block of 32 (a K-quant's x has
+ * one per 256: heads of 64 values are no unit of it), and a head is whole blocks. Where the tests
+ * turn own_x off, the team packs it in shares instead. */
+static int attention_packs_o(const sk_model *m, const sk_w *o, int T, int gemv) {
+    return gemv && g_gemv_own_x && use_gemv(o, T, gemv) && gemv_block_format(o->fmt) && m->head_dim % 32 == 0;
+}
+
 /* rms_norm of rows [0, T) of x, all of it by this thread (a team of one), into its SCRATCH_ROWS buffer */
 static float *own_norm_rows(const sk_model *m, const float *x, const float *w, int T) {
     float *out = thread_buffer(SCRATCH_ROWS, (size_t)T * m->dim * 4);
-    sk_team solo = {0, 1, 0};
+    sk_team solo = {0, 1, 0, 0};
     norm_rows(m, x, w, T, out, &solo);
     return out;
 }
@@ -789,7 +811,7 @@ static float *own_norm_rows(const sk_model *m, const float *x, const float *w, i
 /* SwiGLU of rows [0, T) of gu, all of it by this thread (a team of one), into its SCRATCH_ROWS buffer */
 static float *own_silu_rows(const sk_model *m, int T) {
     float *out = thread_buffer(SCRATCH_ROWS, (size_t)T * m->ffn * 4);
-    sk_team solo = {0, 1, 0};
+    sk_team solo = {0, 1, 0, 0};
     silu_rows(m, T, out, &solo);
     return out;
 }
@@ -820,9 +842,11 @@ static void forward_job(void *p, sk_team *t) {
         }
         rope_write_kv(f, L, l, T, t);
         team_barrier(t);
-        attend_rows(f, l, T, t);
+        const int o_packed = attention_packs_o(m, &L->o, T, GEMV);
+        attend_rows(f, l, T, o_packed ? (uint8_t *)m->xb : NULL, gemv_pack_kind(L->o.fmt) == GEMV_PACK_GROUPED, t);
         team_barrier(t);
-        if (own_x(&L->o, 1, T, GEMV)) mm_gemv_own_team(&L->o, 1, T, m->att, A, m->x, D, 1, I8_TWO, t);
+        if (o_packed) mm_gemv_packed_team(&L->o, T, (uint8_t *)m->xb, m->x, D, 1, I8_TWO, t);
+        else if (own_x(&L->o, 1, T, GEMV)) mm_gemv_own_team(&L->o, 1, T, m->att, A, m->x, D, 1, I8_TWO, t);
         else matmul_team(&L->o, T, m->att, A, m->x, D, 1, amr, I8(2), I8_TWO, GEMV, m->xb, t);
         if (own_x(L->gu.w, L->gu.n_parts, T, GEMV)) {
             mm_gemv_own_team(L->gu.w, L->gu.n_parts, T, own_norm_rows(m, m->x, L->ffn_norm, T), D, m->gu, 2 * F, 0,

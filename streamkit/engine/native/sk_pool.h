@@ -165,7 +165,7 @@ static void pool_run(sk_job job, void *arg, int nt) {
     if (nt > SK_MAX_THREADS) nt = SK_MAX_THREADS;
     if (nt > 1) nt = pool_grow(nt);
     if (nt <= 1) {
-        sk_team solo = {0, 1, 0};
+        sk_team solo = {0, 1, 0, 0};
         job(arg, &solo);
         return;
     }
