@@ -745,6 +745,14 @@ static void head4_team(const sk_w *head, const h4_head *h, int R, const float *x
     int a, b;
     matmul_team(&h->w, R, x, ldx, logits, V, 0, amr, i8, i8_two, gemv, xb, t);
     float *tmp = strip_buffer((size_t)head->k * 4);
+    if (R < t->nt) { /* fewer rows than threads: each row by all of them */
+        for (int r = 0; r < R; r++) {
+            if (r) team_barrier(t); /* the threads' parts of the row before are read */
+            const int tok = h4_pick_team(head, h, logits + (size_t)r * V, x + (size_t)r * ldx, tmp, t);
+            if (!t->tid) tokens[r] = tok < 0 ? 0 : tok;
+        }
+        return;
+    }
     team_span(t, R, &a, &b);
     for (int r = a; r < b; r++) {
         const int tok = h4_pick(head, h, logits + (size_t)r * V, x + (size_t)r * ldx, tmp);
