@@ -151,6 +151,29 @@ def test_thread_tuner_picks_per_step_size():
         torch.set_num_threads(before)
 
 
+def test_thread_tuner_says_ahead_which_steps_explore():
+    """explores_next(n) is true exactly before the steps that before(n) runs on the setting it does
+    not prefer (measuring it first, then each exploration), so the engine can run those as single
+    steps instead of decode bursts; it changes nothing itself."""
+    from streamkit.engine.threads import ThreadTuner
+
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(2, explore_every=8, explore_steps=2, max_backoff=4)
+        said, ran = [], []
+        for i in range(300):
+            n = 1 if i % 3 else 16
+            ahead = tuner.explores_next(n)
+            assert tuner.explores_next(n) == ahead  # asking again changes nothing
+            nt = tuner.before(n)
+            said.append(ahead)
+            ran.append(nt == 1)  # 2 threads are cheaper at both sizes here: 1 thread is the other setting
+            tuner.observe((3.0 if nt == 1 else 1.0) * 1e-3 * n, n)
+        assert said == ran and 4 <= sum(ran) <= 60, sum(ran)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_thread_tuner_explores_less_while_its_choice_holds():
     """Explorations that confirm the choice come at doubling intervals (a 1-thread step on an idle
     machine is lost time); when the chosen setting slows down (contention) the tuner leaves it at

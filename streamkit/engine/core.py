@@ -300,9 +300,11 @@ class EngineCore:
         scheduled sequence decodes greedily with nothing else to schedule or handle, as many as fit in
         decode_burst_ms at the measured step time, and none past a sequence's max_tokens or the
         model's length (a stop token ends the run in the native loop; a stop string or a finish
-        before the run's end costs the steps after it, discarded)."""
+        before the run's end costs the steps after it, discarded); 1 while the thread tuner explores."""
         if not self._bursts or self._decode_step_s is None or self.scheduler.waiting or not self._inbox.empty():
             return 1
+        if self._tuner is not None and self._tuner.explores_next(len(self.scheduler.running)):
+            return 1  # a step of the other thread count is all an exploration needs
         n = int(self.options.decode_burst_ms / 1e3 / self._decode_step_s)
         for seq in self.scheduler.running:
             p = seq.params

@@ -65,23 +65,39 @@ class ThreadTuner:
             return self.current
         b = _bucket(n_tokens)
         pref = self._pref.get(b, self.choices[-1])
-        other = self._other(pref)
-        if (b, pref) not in self.cost:
-            pick = pref
-        elif (b, other) not in self.cost:
-            pick = other
-        else:
-            left = self._explore_left.get(b, 0)
-            if left == 0 and self._since.get(b, 0) >= self._interval.get(b, self.explore_every):
-                left, self._since[b], self._exploring_from[b] = self.explore_steps, 0, pref
-            if left > 0:
+        pick = self._next_pick(b)
+        if (b, pref) in self.cost and (b, self._other(pref)) in self.cost:  # both measured: explore or count
+            if pick != pref:
+                left = self._explore_left.get(b, 0)
+                if left == 0:
+                    left, self._since[b], self._exploring_from[b] = self.explore_steps, 0, pref
                 self._explore_left[b] = left - 1
-                pick = other
             else:
                 self._since[b] = self._since.get(b, 0) + 1
-                pick = pref
         self._set(pick)
         return pick
+
+    def _next_pick(self, b: int) -> int:
+        """The setting before() runs next for bucket b: the preferred one until it is measured, then
+        the other until it is, then the other during an exploration (under way, or due after
+        `interval` steps), else the preferred one. Changes nothing."""
+        pref = self._pref.get(b, self.choices[-1])
+        other = self._other(pref)
+        if (b, pref) not in self.cost:
+            return pref
+        if (b, other) not in self.cost:
+            return other
+        due = self._since.get(b, 0) >= self._interval.get(b, self.explore_every)
+        return other if self._explore_left.get(b, 0) > 0 or due else pref
+
+    def explores_next(self, n_tokens: int) -> bool:
+        """Whether before(n_tokens) runs the setting not preferred: the engine then runs one step, not
+        a decode burst (at batch 1 an exploration was two 16 ms bursts at 1 thread, ~12 steps at
+        1.7x the time; the first exploration fell inside the second or third 64-token answer)."""
+        if not self.enabled or cores.held():
+            return False
+        b = _bucket(n_tokens)
+        return self._next_pick(b) != self._pref.get(b, self.choices[-1])
 
     def observe(self, seconds: float, n_tokens: int) -> None:
         if not self.enabled or self._changes is None or self._changes != cores.changes():
