@@ -890,7 +890,7 @@ static int g_gemv_own_x = 1; /* 0: every matmul packs x as the team's shares (te
 
 /* x packed for a fused matrix's parts, each layout they read once (the offsets in xb: at[kind],
  * SIZE_MAX for a layout no part reads): returns the bytes; *groups: the parts' groups of
- * SK_GEMV_STEAL columns, the share space of gemv_parts_groups */
+ * SK_GEMV_STEAL columns, the share space of gemv_parts_team */
 static size_t gemv_parts_layouts(const sk_w *parts, int n_parts, int M, size_t *at, int *groups) {
     size_t bytes = 0;
     for (int k = 0; k < GEMV_PACKS; k++) at[k] = SIZE_MAX;

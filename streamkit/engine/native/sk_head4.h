@@ -96,7 +96,8 @@ INLINE v16 h4_margin(const float *x, int K) {
  * finite (v16_max keeps its second operand against a NaN) */
 static float h4_bar(const h4_head *h, const float *a, v16 margin, int c0, int c1) {
     v16 lower = v16_set1(-INFINITY);
-    for (int c = c0; c < c1; c += 16) lower = v16_max(v16_sub(v16_load(a + c), v16_mul(margin, v16_load(h->sigma + c))), lower);
+    for (int c = c0; c < c1; c += 16)
+        lower = v16_max(v16_sub(v16_load(a + c), v16_mul(margin, v16_load(h->sigma + c))), lower);
     return v16_hmax(lower);
 }
 
@@ -129,15 +130,16 @@ static int h4_pick(const sk_w *w, const h4_head *h, const float *a, const float 
     return best;
 }
 
-/* h4_pick of one row by the whole team, each thread a span of the columns: their bars, a barrier,
- * the kept columns of its span exactly, a barrier, the best of the threads' best. At batch 1 one
- * thread picked while the other waited for it at the step's end (SmolLM2: ~80,000 cycles a step,
- * 1.4 %). Returns the token on thread 0 (-1 on the others). */
+/* each thread's part of h4_pick_team: its span's bar, then its best column and that column's logit */
 static struct {
     _Alignas(64) float bar, best_v;
     int best;
 } g_h4_part[SK_MAX_THREADS];
 
+/* h4_pick of one row by the whole team, each thread a span of the columns: their bars, a barrier,
+ * the kept columns of its span exactly, a barrier, the best of the threads' best. At batch 1 one
+ * thread picked while the other waited for it at the step's end (SmolLM2: ~80,000 cycles a step,
+ * 1.4 %). Returns the token on thread 0 (-1 on the others). */
 static int h4_pick_team(const sk_w *w, const h4_head *h, const float *a, const float *x, float *tmp, sk_team *t) {
     const v16 margin = h4_margin(x, w->k);
     int c0, c1;

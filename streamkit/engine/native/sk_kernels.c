@@ -608,11 +608,17 @@ INLINE void rope_unit(const sk_model *m, int u, int *r, int *kv, int *g) {
     *g = j % per - 1;
 }
 
+/* Rows of a step up to which each layer starts by prefetching the K/V lines its RoPE phase writes
+ * (decode-sized steps: a prompt's hundreds of rows would pull megabytes that its long matmuls evict
+ * before the writes) */
+#define SK_KV_PREFETCH_MAX_ROWS 64
+
 /* the lines rope_write_kv will write for this thread's units of layer l into cache, ahead: a K
  * column is head_dim values block_size apart (32 lines of a 2 KB block in float16), which the
  * write otherwise fetched one by one while the other thread waited at the barrier */
 static void prefetch_kv_writes(const forward_args *f, int l, int T, const sk_team *t) {
     const sk_model *m = f->m;
+    if (T > SK_KV_PREFETCH_MAX_ROWS) return;
     const int hd = m->head_dim, bs = m->block_size, esize = m->kv_half ? 2 : 4;
     const int step = bs * esize >= 64 ? 1 : 64 / (bs * esize); /* K rows a line holds */
     int a, b;
