@@ -472,19 +472,12 @@ static size_t gemv_b_stride(int K) { return ((size_t)2 * K + (size_t)3 * (K / 32
  * no copy of v, the residual of the second term (which nothing reads) not computed, one horizontal
  * sum a term (a 576-value row alone: 1116 -> 766 TSC cycles on the Intel Xeon, the same bytes out). */
 INLINE void gemv_pack_block(const float *v, int8_t *lo, int8_t *hi, size_t term_stride, float *d, float *sx) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-127);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* packs interleave 128-bit lanes */
     __m256 a[4];
-    __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < 4; i++) {
-        a[i] = _mm256_loadu_ps(v + 8 * i);
-        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[i]));
-    }
-    const __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    const __m128 g = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(g, _mm_movehdup_ps(g)));
-    const float d0 = amax / 127.0f, d1 = d0 / 256.0f; /* a fixed 1/256 of the first's scale (see above) */
+    for (int i = 0; i < 4; i++) a[i] = _mm256_loadu_ps(v + 8 * i);
+    const float amax = amax_n(v, 32), d0 = amax / 127.0f;
+    const float d1 = d0 / 256.0f; /* a fixed 1/256 of the first's scale (see above) */
     const float id[2] = {amax > 0.0f ? 127.0f / amax : 0.0f, d0 > 0.0f ? 256.0f / d0 : 0.0f};
     float sum = 0.0f;
     for (int term = 0; term < 2; term++) {

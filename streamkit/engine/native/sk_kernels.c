@@ -536,11 +536,19 @@ static void attend(const sk_model *m, int layer, int kvh, const float *q, int G,
 }
 
 /* a token's K (rotated) and V of KV head j into its slot */
+/* where KV head j of `layer` keeps position `slot`, in elements of the pools: its K column at *kt
+ * (head_dim values block_size apart: a block is [head_dim][block_size]), its V row at *vr */
+INLINE void kv_slot(const sk_model *m, int layer, long slot, int j, size_t *kt, size_t *vr) {
+    const int hd = m->head_dim, bs = m->block_size;
+    const size_t head = ((size_t)layer * m->n_kv + j) * (size_t)m->pool_slots;
+    *kt = (head + (size_t)(slot / bs) * bs) * hd + (size_t)(slot % bs);
+    *vr = (head + (size_t)slot) * hd;
+}
+
 static void write_kv(const sk_model *m, int layer, long slot, int j, const float *kj, const float *vj) {
     const int hd = m->head_dim, bs = m->block_size;
-    const long blk = slot / bs, off = slot % bs;
-    const size_t head = ((size_t)layer * m->n_kv + j) * (size_t)m->pool_slots;
-    const size_t kt = (head + (size_t)blk * bs) * hd + off, vr = (head + (size_t)slot) * hd; /* elements */
+    size_t kt, vr;
+    kv_slot(m, layer, slot, j, &kt, &vr);
     if (m->kv_half) {
         uint16_t *kp = (uint16_t *)m->k_pool + kt, *vp = (uint16_t *)m->v_pool + vr;
         for (int d = 0; d < hd; d++) kp[(size_t)d * bs] = _cvtss_sh(kj[d], _MM_FROUND_TO_NEAREST_INT);
@@ -627,10 +635,9 @@ static void prefetch_kv_writes(const forward_args *f, int l, int T, const sk_tea
         int r, kv, g;
         rope_unit(m, u, &r, &kv, &g);
         if (g >= 0) continue;
-        const long slot = (long)f->slots[r], blk = slot / bs, off = slot % bs;
-        const size_t head = ((size_t)l * m->n_kv + kv) * (size_t)m->pool_slots;
-        const char *k = (const char *)m->k_pool + ((head + (size_t)blk * bs) * hd + off) * esize;
-        const char *v = (const char *)m->v_pool + (head + (size_t)slot) * hd * esize;
+        size_t kt, vr;
+        kv_slot(m, l, (long)f->slots[r], kv, &kt, &vr);
+        const char *k = (const char *)m->k_pool + kt * esize, *v = (const char *)m->v_pool + vr * esize;
         for (int d = 0; d < hd; d += step) prefetch(k + (size_t)d * bs * esize);
         for (int i = 0; i < hd * esize; i += 64) prefetch(v + i);
     }
