@@ -247,14 +247,14 @@ def test_native_decode_with_x_packed_by_each_thread_is_bit_identical(tmp_path, i
 
 @pytest.mark.parametrize("isa", native.ISAS)
 @pytest.mark.parametrize("heads, kv, dim", [(2, 2, 128), (8, 2, 384), (10, 2, 800), (7, 1, 896)])
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
 def test_native_attention_head_layouts_match_torch(tmp_path, isa, heads, kv, dim, kv_dtype):
     """Attention's passes are unrolled by query heads a KV head and by 16-value chunks of a head, and
     the tiny models above all have 2 heads a KV head of 64 values: here 1 of 64, 4 of 48, 5 of 80 (a
     width that does not split into whole passes) and 7 of 128 (the 0.5B draft's group size, the
     1.5B's width), with exact F32 weights against torch on each path: a 39-position prefill (the
     (row, KV head) units) and a decode step over 40 positions (query heads split over the threads),
-    with float32 and float16 K/V."""
+    with float32, float16 and int8 K/V (int8 rotated in chunks of 64, 16, 16 and 128 values)."""
     from streamkit.engine.native.model import NativeLlamaModel
 
     if not native.available(isa):
@@ -267,7 +267,7 @@ def test_native_attention_head_layouts_match_torch(tmp_path, isa, heads, kv, dim
     assert model.cfg.head_dim == dim // heads
     model.kv_dtype = kv_dtype
     err = ((_run(model, ids) - ref).abs().max() / ref.abs().max()).item()
-    assert err < (1e-5 if kv_dtype == torch.float32 else 2e-3), err
+    assert err < {torch.float32: 1e-5, torch.float16: 2e-3, torch.int8: 3e-2}[kv_dtype], err
 
 
 @pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")

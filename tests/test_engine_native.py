@@ -770,6 +770,56 @@ def test_native_fp32_one_sequence_alone_matches_torch_fp32(raw_model, reference_
     assert max(float((a - b).abs().max()) for a, b in zip(logits, mine)) < 2e-3
 
 
+def test_native_int8_kv_cache_is_close_to_fp32(raw_model, reference_run, isa):
+    """kv_dtype int8 (opt-in): the fp32 build with K and V as int8 (a scale a position and KV head,
+    rotated first): logits close to the torch fp32 model's, greedy tokens agree but for near ties."""
+    ids, (ref_logits, _) = reference_run
+    model = NativeLlamaModel(raw_model, "native-fp32", isa=isa)
+    model.kv_cache = _cache(raw_model.config, torch.int8)
+    logits, _ = _run_steps(model, ids, 12)
+    diffs = [float((a - b).abs().max()) for a, b in zip(logits, ref_logits)]
+    assert max(diffs) < 0.5, diffs
+    assert sum(int(a.argmax()) == int(b.argmax()) for a, b in zip(logits, ref_logits)) >= len(diffs) - 2
+
+
+def _hadamard(n: int) -> np.ndarray:
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def test_int8_kv_cache_holds_each_slot_rotated_and_rounded(raw_model, isa):
+    """Layer 0's K and V of a prefill (the same inputs whatever the cache): the int8 pools hold the
+    Walsh-Hadamard-rotated K column and V row of each slot, each within half its scale's step of the
+    float32 cache's, rotated back."""
+    cfg = raw_model.config
+    ids = list(range(200, 237))  # 37 positions: 2 full blocks and a partial one
+    pools = {}
+    for dtype in (torch.float32, torch.int8):
+        model = NativeLlamaModel(raw_model, "native-fp32", isa=isa)
+        model.kv_cache = cache = _cache(cfg, dtype)
+        blocks: list[int] = []
+        assert cache.ensure_capacity(blocks, len(ids))
+        model.forward(StepBatch(ids=torch.tensor(ids), positions=torch.arange(len(ids)),
+                                slots=torch.tensor(cache.slots(blocks, 0, len(ids))), prefills=[(0, len(ids), 0, None)]))
+        pools[dtype] = (cache, blocks)
+    (c32, b32), (c8, b8) = pools[torch.float32], pools[torch.int8]
+    hd, bs = cfg.head_dim, 16
+    inv = _hadamard(hd) / hd  # the rotation's inverse (SmolLM2's 64 values are one chunk)
+    for h in range(cfg.n_kv_heads):
+        for i, (a, b) in enumerate(zip(b32, b8)):
+            n = min(bs, len(ids) - i * bs)
+            ks, vs = (sc[0, h, b * bs:b * bs + n].numpy() for sc in (c8.k_scale, c8.v_scale))
+            k8 = c8.k[0, h, b * bs:(b + 1) * bs].reshape(hd, bs)[:, :n].numpy().astype(np.float64)  # [d][pos]
+            k32 = c32.k[0, h, a * bs:(a + 1) * bs].reshape(hd, bs)[:, :n].numpy()
+            v8 = c8.v[0, h, b * bs:b * bs + n].numpy().astype(np.float64)
+            v32 = c32.v[0, h, a * bs:a * bs + n].numpy()
+            assert (ks > 0).all() and (vs > 0).all()
+            assert (np.abs(inv @ (k8 * ks) - k32).max(axis=0) <= ks * 0.501 + 1e-6).all()
+            assert (np.abs((v8 * vs[:, None]) @ inv.T - v32).max(axis=1) <= vs * 0.501 + 1e-6).all()
+
+
 @pytest.mark.parametrize("batched", ["default", "bf16", "fp32"])
 def test_native_default_forward_is_close_to_fp32(raw_model, reference_run, batched, isa):
     """The CPU default on every path: batched steps in bf16 (AMX tiles or vdpbf16ps) or int8 (VNNI),
@@ -976,5 +1026,37 @@ def test_greedy_steps_ask_the_model_for_the_argmax_alone():
         calls.update(forward=0, forward_argmax=0)
         run([SamplingParams(max_tokens=6)] * 8 + [SamplingParams(max_tokens=6, temperature=0.8, seed=1)])
         assert calls["forward"] >= 6  # every step with the sampling row (steps before it arrives need not)
+    finally:
+        eng.close()
+
+
+def test_int8_kv_cache_is_refused_on_the_torch_path_and_sized_in_the_native_engine(monkeypatch):
+    """kv_dtype 'int8' (or STREAMKIT_KV_DTYPE): the torch path has no int8 attention and says so; an
+    unknown type names the setting; the native engine sizes its pool by int8 K/V plus their scales
+    and answers."""
+    from streamkit.engine.options import resolve_options
+
+    with pytest.raises(ValueError, match="kv_dtype 'int8' needs the native CPU kernels"):
+        Engine(default_model_path(), "cpu", weights="fp32", kv_dtype="int8").load()
+    monkeypatch.setenv("STREAMKIT_KV_DTYPE", "int4")
+    with pytest.raises(ValueError, match="STREAMKIT_KV_DTYPE"):
+        resolve_options(torch.device("cpu"))
+    monkeypatch.setenv("STREAMKIT_KV_DTYPE", "int8")
+    assert resolve_options(torch.device("cpu")).kv_dtype == torch.int8
+    monkeypatch.delenv("STREAMKIT_KV_DTYPE")
+    if not native.available():
+        pytest.skip(f"native kernels unavailable: {native.error()}")
+    eng = Engine(default_model_path(), "cpu", kv_dtype="int8", kv_cache_tokens=2048)
+    try:
+        core = eng.load()
+        cfg = core.config
+        assert core.cache.k.dtype == torch.int8 and core.cache.k_scale.dtype == torch.float32
+        assert core.cache.bytes_per_token == 2 * cfg.n_layers * cfg.n_kv_heads * (cfg.head_dim + 4)
+        ids = eng.encode(chat(PROMPTS[0]))
+
+        async def gen():
+            return [t async for t in eng.generate_tokens(ids, SamplingParams(max_tokens=12), ignore_eos=True)]
+
+        assert len(asyncio.run(gen())) == 12
     finally:
         eng.close()

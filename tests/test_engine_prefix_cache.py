@@ -94,6 +94,25 @@ def test_reuse_copies_the_shared_part_of_a_block():
     assert cache.reuse_prefix(tokens[:16] + [1, 2], [], []) == 16  # nothing shared past the full block
 
 
+def test_a_partial_copy_carries_the_int8_scales():
+    """An int8 cache's block copy takes each slot's K and V scales with its values."""
+    cache = PagedKVCache(1, 1, 16, 6, 16, torch.int8, "cpu")
+    tokens = list(range(100, 140))
+    blocks, keys = [], []
+    cache.ensure_capacity(blocks, len(tokens))
+    src = slice(blocks[1] * 16, (blocks[1] + 1) * 16)
+    cache.k[0, 0, src] = torch.arange(-128, 128, dtype=torch.int8).view(16, 16)
+    cache.k_scale[0, 0, src] = torch.linspace(0.5, 2.0, 16)
+    cache.v_scale[0, 0, src] = torch.linspace(3.0, 4.0, 16)
+    cache.register_computed(tokens, blocks, keys, 40)
+    twin = []
+    assert cache.reuse_prefix(tokens[:20] + [5, 6], twin, []) == 20
+    dst = slice(twin[1] * 16, twin[1] * 16 + 4)
+    for pool in (cache.k, cache.k_scale, cache.v_scale):
+        assert torch.equal(pool[0, 0, dst], pool[0, 0, src][:4])
+    assert cache.bytes_per_token == 2 * (16 + 4)
+
+
 def test_a_partial_copy_survives_a_full_pool():
     """With no free block left for the copy the full blocks are still reused."""
     cache = _cache(num_blocks=4)  # blocks 1..3

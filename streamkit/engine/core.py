@@ -18,7 +18,7 @@ from streamkit import cores
 from streamkit.engine.batch import build_step
 from streamkit.engine.chat_template import ChatTemplate
 from streamkit.engine.gguf_loader import load_gguf
-from streamkit.engine.kv_cache import PagedKVCache
+from streamkit.engine.kv_cache import PagedKVCache, kv_bytes_per_token
 from streamkit.engine.linear import resolve_weights
 from streamkit.engine.model import LlamaModel
 from streamkit.engine.native.model import MODES as NATIVE_MODES
@@ -71,8 +71,13 @@ class EngineCore:
         self.max_model_len = min(opts.max_model_len, cfg.context_length)
         # kv_dtype="bf16" on CPU: 11-15 % faster steps at 16-64 streams (decode attention is bound by
         # gathering K/V) but greedy agreement with fp32 fell from 16/20 to 12/20 prompts: opt-in
+        # kv_dtype="int8" (native kernels only): half float16's K/V bytes, which attention at many
+        # streams or long contexts waits on (docs/engine.md, *An int8 K/V cache*)
         kv_dtype = opts.kv_dtype or getattr(self.model, "kv_dtype", self.model.act_dtype)
-        per_tok = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * torch.tensor([], dtype=kv_dtype).element_size()
+        if kv_dtype == torch.int8 and not native_mode:
+            raise ValueError("kv_dtype 'int8' needs the native CPU kernels (x86 with AVX2 or AVX-512, weights "
+                             f"'native'); this engine runs the torch path on {self.device} with weights {mode!r}")
+        per_tok = kv_bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
         kv_cache_tokens = opts.kv_cache_tokens
         if kv_cache_tokens is None:
             if cuda:

@@ -132,7 +132,7 @@ class BlockAllocator:
             self._free.append(block)
 
 
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16}
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int8: np.int8}
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -148,12 +148,22 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes a token's K and V take in every layer: int8 pools add a float32 scale a K column / V row."""
+    per_head = head_dim * torch.tensor([], dtype=dtype).element_size() + (4 if dtype == torch.int8 else 0)
+    return 2 * n_layers * n_kv_heads * per_head
+
+
 class PagedKVCache:
     """k/v pool shaped [n_layers, n_kv_heads, num_blocks * block_size, head_dim] (head-major).
 
     A token at position p of a sequence lives at slot block_table[p // bs] * bs + p % bs. Head-major
     blocks make one (kv head, block) a contiguous block_size x head_dim tile, so decode attention
     gathers whole tiles and the gathered K/V is already [KV, B, L, D] (no transpose copy).
+
+    dtype torch.int8 (the native CPU kernels only): each slot's K and V of a KV head are int8 with one
+    float32 scale each, in k_scale / v_scale [n_layers, n_kv_heads, num_blocks * block_size]; about
+    half float16's bytes, which attention at many streams or long contexts waits on.
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
@@ -165,15 +175,18 @@ class PagedKVCache:
         shape = (n_layers, n_kv_heads, num_blocks * block_size, head_dim)
         # zeros: masked-out (never written) slots must stay finite
         self.k, self.v = (_zeros(shape, dtype, torch.device(device)) for _ in range(2))
+        self.k_scale = self.v_scale = None
+        if dtype == torch.int8:
+            self.k_scale, self.v_scale = (_zeros(shape[:3], torch.float32, torch.device(device)) for _ in range(2))
         self.allocator = BlockAllocator(num_blocks)
 
     @property
     def bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return self.bytes_per_token * self.k.shape[2]  # every slot
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.n_layers * self.k.shape[1] * self.k.shape[3] * self.k.element_size()
+        return kv_bytes_per_token(self.n_layers, self.k.shape[1], self.k.shape[3], self.k.dtype)
 
     def blocks_needed(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
@@ -235,8 +248,9 @@ class PagedKVCache:
             self.allocator.free(held)
         bs = self.block_size
         # the whole block: its slots past best_n are overwritten before anything attends to them
-        self.k[:, :, new * bs:(new + 1) * bs] = self.k[:, :, best * bs:(best + 1) * bs]
-        self.v[:, :, new * bs:(new + 1) * bs] = self.v[:, :, best * bs:(best + 1) * bs]
+        for pool in (self.k, self.v, self.k_scale, self.v_scale):
+            if pool is not None:
+                pool[:, :, new * bs:(new + 1) * bs] = pool[:, :, best * bs:(best + 1) * bs]
         blocks.append(new)
         return best_n
 

@@ -87,9 +87,10 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
         decode_burst_ms = 0.0 if cuda else float(os.environ.get("STREAMKIT_DECODE_BURST_MS", DEFAULT_DECODE_BURST_MS))
     if not decode_burst_ms >= 0:
         raise ValueError(f"decode_burst_ms must be a number of milliseconds >= 0, got {decode_burst_ms!r}")
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int8": torch.int8}
+    kv_dtype = kv_dtype or os.environ.get("STREAMKIT_KV_DTYPE") or None
     if kv_dtype is not None and kv_dtype not in dtypes:
-        raise ValueError(f"kv_dtype must be one of {sorted(dtypes)}, got {kv_dtype!r}")
+        raise ValueError(f"kv_dtype (or STREAMKIT_KV_DTYPE) must be one of {sorted(dtypes)}, got {kv_dtype!r}")
     return EngineOptions(
         weights=weights,
         threads=threads or _env_int("STREAMKIT_ENGINE_THREADS", 0),

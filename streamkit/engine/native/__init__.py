@@ -154,7 +154,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_model_set_layer": ([P, I, P, P, I, P, P, I, P, P], None),
         "sk_model_add_part": ([P, I, I, I, I, P, P], I),
         "sk_model_set_qkv_bias": ([P, I, P], None),
-        "sk_model_set_kv": ([P, P, P, L, I, I], I),
+        "sk_model_set_kv": ([P, P, P, L, I, I, P, P], I),
         "sk_forward": ([P, I, P, P, P, P, P, I, I, P, P, I, I, I, I], I),
         "sk_forward_argmax": ([P, I, P, P, P, P, P, I, I, P, P, P, I, I, I, I], I),
         "sk_decode_greedy": ([P, I, I, P, P, P, I, P, I, P, P, P, I, I, I, I], I),

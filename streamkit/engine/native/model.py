@@ -191,13 +191,18 @@ class NativeLlamaModel:
     @kv_cache.setter
     def kv_cache(self, cache) -> None:
         if cache is not None:
-            if cache.k.dtype not in (torch.float32, torch.float16) or cache.k.device.type != "cpu":
-                raise ValueError(f"the native kernels need a float32 or float16 KV cache on the CPU, not "
+            if cache.k.dtype not in (torch.float32, torch.float16, torch.int8) or cache.k.device.type != "cpu":
+                raise ValueError(f"the native kernels need a float32, float16 or int8 KV cache on the CPU, not "
                                  f"{cache.k.dtype} on {cache.k.device}")
-            if self._lib.sk_model_set_kv(self._m, native.ptr(cache.k), native.ptr(cache.v), cache.k.shape[2],
-                                         cache.block_size, cache.k.element_size()):
+            scales = (cache.k_scale, cache.v_scale) if cache.k.dtype == torch.int8 else (None, None)
+            rc = self._lib.sk_model_set_kv(self._m, native.ptr(cache.k), native.ptr(cache.v), cache.k.shape[2],
+                                           cache.block_size, cache.k.element_size(),
+                                           *(native.ptr(p) if p is not None else None for p in scales))
+            if rc == -1:
                 raise ValueError(f"the native kernels need a KV block size that is a multiple of 16, "
                                  f"not {cache.block_size}")
+            if rc:
+                raise ValueError("an int8 KV cache needs its scale pools (PagedKVCache k_scale / v_scale)")
         self._kv_cache = cache
 
     # ------------------------------------------------------------------ info

@@ -233,6 +233,11 @@ typedef struct {
     const float *qkv_bias; /* NULL, or [(n_heads + 2 n_kv) head_dim] added after the QKV matmul (qwen2) */
 } sk_layer;
 
+#define SK_MAX_HEAD_DIM 256
+
+/* what the K/V pools hold: float32, float16, or int8 with a float32 scale a slot's K column / V row */
+enum { SK_KV_F32, SK_KV_F16, SK_KV_I8 };
+
 typedef struct {
     int n_layers, dim, ffn, n_heads, n_kv, head_dim, vocab;
     float eps, scale;
@@ -240,12 +245,14 @@ typedef struct {
     const float *out_norm, *rope_cos, *rope_sin; /* rope tables [rope_len][head_dim / 2] */
     int rope_len;
     sk_layer *layers;
-    /* [n_layers][n_kv][pool_slots][head_dim], float32 or (kv_half) float16; each block of K is stored
-     * transposed, [head_dim][block_size], so the scores of 16 positions come out of head_dim FMAs with
-     * no horizontal sums */
+    /* [n_layers][n_kv][pool_slots][head_dim] in kv_kind's type; each block of K is stored transposed,
+     * [head_dim][block_size], so the scores of 16 positions come out of head_dim FMAs with no
+     * horizontal sums. SK_KV_I8: each slot's K column and V row as int8 with one float32 scale,
+     * k_scale / v_scale [n_layers][n_kv][pool_slots] (kv_quantize) */
     void *k_pool, *v_pool;
+    float *k_scale, *v_scale;
     long pool_slots;
-    int block_size, kv_half;
+    int block_size, kv_kind;
     /* scratch, grown on demand */
     float *x, *h, *qkv, *att, *gu, *act, *lx;
     uint32_t *xb;
@@ -302,7 +309,7 @@ SK_API int sk_flag_barrier_max(int n) {
 
 SK_API sk_model *sk_model_new(int n_layers, int dim, int ffn, int n_heads, int n_kv, int head_dim, int vocab,
                               float eps, float scale) {
-    if (dim % 32 || ffn % 32 || head_dim % 16 || head_dim > 256 || n_kv <= 0 || n_heads % n_kv ||
+    if (dim % 32 || ffn % 32 || head_dim % 16 || head_dim > SK_MAX_HEAD_DIM || n_kv <= 0 || n_heads % n_kv ||
         n_heads / n_kv > 32)
         return NULL;
     sk_model *m = calloc(1, sizeof *m);
@@ -372,11 +379,16 @@ SK_API int sk_model_add_part(sk_model *m, int i, int which, int fmt, int n, cons
 
 SK_API void sk_model_set_qkv_bias(sk_model *m, int i, const float *bias) { m->layers[i].qkv_bias = bias; }
 
-/* kv_bytes: 4 (float32) or 2 (float16) per element */
-SK_API int sk_model_set_kv(sk_model *m, void *k_pool, void *v_pool, long pool_slots, int block_size, int kv_bytes) {
-    if (block_size % 16 || (kv_bytes != 2 && kv_bytes != 4)) return -1;
+/* kv_bytes: 4 (float32), 2 (float16) or 1 (int8, with the scale pools k_scale and v_scale) an element;
+ * -1 for a block size that is not a multiple of 16, -2 for another element size or int8 without scales */
+SK_API int sk_model_set_kv(sk_model *m, void *k_pool, void *v_pool, long pool_slots, int block_size, int kv_bytes,
+                           float *k_scale, float *v_scale) {
+    if (block_size % 16) return -1;
+    if ((kv_bytes != 1 && kv_bytes != 2 && kv_bytes != 4) || (kv_bytes == 1 && !(k_scale && v_scale))) return -2;
     m->k_pool = k_pool; m->v_pool = v_pool; m->pool_slots = pool_slots; m->block_size = block_size;
-    m->kv_half = kv_bytes == 2;
+    m->kv_kind = kv_bytes == 4 ? SK_KV_F32 : kv_bytes == 2 ? SK_KV_F16 : SK_KV_I8;
+    m->k_scale = kv_bytes == 1 ? k_scale : NULL;
+    m->v_scale = kv_bytes == 1 ? v_scale : NULL;
     return 0;
 }
 
@@ -398,9 +410,34 @@ static int ensure_scratch(sk_model *m, int T, int R) {
     return (m->x && m->h && m->qkv && m->att && m->gu && m->act && m->lx && m->xb) ? 0 : -1;
 }
 
-/* 16 K or V values at p (float32, or float16 when half) as float32 */
-INLINE v16 kv_load(const void *p, size_t i, int half) {
-    return half ? v16_load_half((const uint16_t *)p + i) : v16_load((const float *)p + i);
+/* 16 K or V values from element i of a pool of kind (SK_KV_I8: before their slots' scales) as float32 */
+INLINE v16 kv_load(const void *p, size_t i, int kind) {
+    return kind == SK_KV_F16 ? v16_load_half((const uint16_t *)p + i)
+           : kind == SK_KV_I8 ? v16_load_i8((const int8_t *)p + i)
+                              : v16_load((const float *)p + i);
+}
+
+INLINE size_t kv_esize(int kind) { return kind == SK_KV_F32 ? 4 : kind == SK_KV_F16 ? 2 : 1; }
+
+/* The rotation of int8 K and V before they are rounded: the unnormalized Walsh-Hadamard transform of
+ * each chunk of head_dim (its largest power-of-two divisor) spreads the few channels where K is large
+ * over the chunk, so one scale a position no longer leaves the others a handful of levels (greedy
+ * equal to the fp32 cache's on 5 of 10 prompts without it, 9 with it: docs/engine.md). Orthogonal up
+ * to the chunk's size: the query rotated the same way gives chunk times the same dot product, and the
+ * weighted sum of rotated V rotated again is chunk times the sum of V. */
+INLINE int kv_rot_chunk(int hd) { return hd & -hd; }
+
+INLINE void kv_rotate(float *x, int hd) {
+    const int n = kv_rot_chunk(hd); /* >= 16: head_dim is a multiple of 16 */
+    for (int i = 0; i < hd; i += 16) v16_store(x + i, v16_fwht16(v16_load(x + i)));
+    for (int c = 0; c < hd; c += n)
+        for (int h = 16; h < n; h <<= 1)
+            for (int i = c; i < c + n; i += 2 * h)
+                for (int j = i; j < i + h; j += 16) {
+                    const v16 a = v16_load(x + j), b = v16_load(x + j + h);
+                    v16_store(x + j, v16_add(a, b));
+                    v16_store(x + j + h, v16_sub(a, b));
+                }
 }
 
 /* heads a pass of the score loop (two accumulators each) and v16 accumulators a pass of the
@@ -413,12 +450,17 @@ INLINE v16 kv_load(const void *p, size_t i, int half) {
 #define SK_VACC 6
 #endif
 
-/* the K and V of one KV block into L1, ahead of its use */
-INLINE void prefetch_kv_block(const sk_model *m, size_t block_base, int half) {
-    const size_t at = block_base << (2 - half), bytes = (size_t)(m->block_size * m->head_dim) << (2 - half);
+/* the K and V of one KV block (block_base: its first element) into L1, ahead of its use, with their
+ * scales' lines where kind has them */
+INLINE void prefetch_kv_block(const sk_model *m, size_t block_base, int kind) {
+    const size_t es = kv_esize(kind), at = block_base * es, bytes = (size_t)m->block_size * m->head_dim * es;
     for (size_t i = 0; i < bytes; i += 64) {
         prefetch((const char *)m->k_pool + at + i);
         prefetch((const char *)m->v_pool + at + i);
+    }
+    if (kind == SK_KV_I8) {
+        const size_t slot = block_base / m->head_dim;
+        for (int i = 0; i < m->block_size; i += 16) prefetch(m->k_scale + slot + i), prefetch(m->v_scale + slot + i);
     }
 }
 
@@ -427,14 +469,15 @@ INLINE void prefetch_kv_block(const sk_model *m, size_t block_base, int half) {
  * sums a head, even and odd d: one chain of hd dependent FMAs a head left the loop waiting on FMA
  * latency (SmolLM2, 3 heads a group: 3 FMAs in flight, not 8). */
 INLINE void scores16(const void *k_pool, size_t kt, int bs, int hd, const float *q, int GN, v16 scale, float *out,
-                     int stride, int half) {
+                     int stride, int kind, const float *ks) {
     v16 a[SK_SG][2];
     for (int g = 0; g < GN; g++) a[g][0] = a[g][1] = v16_zero();
     for (int d = 0; d < hd; d += 2)
         for (int e = 0; e < 2; e++) {
-            const v16 kv = kv_load(k_pool, kt + (size_t)(d + e) * bs, half);
+            const v16 kv = kv_load(k_pool, kt + (size_t)(d + e) * bs, kind);
             for (int g = 0; g < GN; g++) a[g][e] = v16_fmadd(v16_set1(q[(size_t)g * hd + d + e]), kv, a[g][e]);
         }
+    if (kind == SK_KV_I8) scale = v16_mul(scale, v16_load(ks)); /* the 16 positions' K scales */
     for (int g = 0; g < GN; g++) v16_store(out + (size_t)g * stride, v16_mul(v16_add(a[g][0], a[g][1]), scale));
 }
 
@@ -443,7 +486,7 @@ INLINE void scores16(const void *k_pool, size_t kt, int bs, int hd, const float 
  * so the GN x JN accumulators stay in registers (with runtime counts they lived on the stack, a
  * load and a store beside every FMA) */
 INLINE void weigh_v(const sk_model *m, size_t base, const int32_t *table, int nblk, int ctx, const float *sc,
-                    int stride, const float *inv_sum, int GN, int j0, int JN, float *out, int half) {
+                    int stride, const float *inv_sum, int GN, int j0, int JN, float *out, int kind) {
     const int hd = m->head_dim, bs = m->block_size;
     v16 o[SK_SG][SK_VACC];
     for (int g = 0; g < GN; g++)
@@ -454,7 +497,7 @@ INLINE void weigh_v(const sk_model *m, size_t base, const int32_t *table, int nb
         const int n = ctx - b * bs < bs ? ctx - b * bs : bs;
         for (int i = 0; i < n; i++)
             for (int j = 0; j < JN; j++) {
-                const v16 v = kv_load(m->v_pool, vb + (size_t)i * hd + 16 * j, half);
+                const v16 v = kv_load(m->v_pool, vb + (size_t)i * hd + 16 * j, kind);
                 for (int g = 0; g < GN; g++) o[g][j] = v16_fmadd(v16_set1(p[(size_t)g * stride + i]), v, o[g][j]);
             }
     }
@@ -465,37 +508,46 @@ INLINE void weigh_v(const sk_model *m, size_t base, const int32_t *table, int nb
 
 /* weigh_v over all HV chunks of GN heads, as many chunks a pass as SK_VACC accumulators allow */
 INLINE void weigh_v_heads(const sk_model *m, size_t base, const int32_t *table, int nblk, int ctx, const float *sc,
-                          int stride, const float *inv_sum, int GN, float *out, int half) {
+                          int stride, const float *inv_sum, int GN, float *out, int kind) {
     const int HV = m->head_dim / 16, JN = SK_VACC / GN >= 4 ? 4 : SK_VACC / GN >= 2 ? 2 : 1;
     int j0 = 0;
-    for (; j0 + JN <= HV; j0 += JN) weigh_v(m, base, table, nblk, ctx, sc, stride, inv_sum, GN, j0, JN, out, half);
-    for (; j0 < HV; j0++) weigh_v(m, base, table, nblk, ctx, sc, stride, inv_sum, GN, j0, 1, out, half);
+    for (; j0 + JN <= HV; j0 += JN) weigh_v(m, base, table, nblk, ctx, sc, stride, inv_sum, GN, j0, JN, out, kind);
+    for (; j0 < HV; j0++) weigh_v(m, base, table, nblk, ctx, sc, stride, inv_sum, GN, j0, 1, out, kind);
 }
 
 /* G consecutive query heads of one token (q, out: the first's), all sharing KV head kvh, over
  * positions 0..ctx-1 of its sequence: scores, softmax with the row maximum subtracted, weighted
- * sum of V. */
+ * sum of V. With int8 K/V (kind SK_KV_I8) each position's K scale multiplies its scores and its V
+ * scale its softmax weight, so the loops stay those of the float pools. */
 INLINE void attend_kv(const sk_model *m, int layer, int kvh, const float *q, int G, int ctx, const int32_t *table,
-                      float *out, int half) {
+                      float *out, int kind) {
     const int hd = m->head_dim, bs = m->block_size;
     const int nblk = (ctx + bs - 1) / bs, stride = nblk * bs;
     float *sc = strip_buffer((size_t)G * stride * 4); /* G x context scores: no matmul runs meanwhile */
-    const size_t base = ((size_t)layer * m->n_kv + kvh) * (size_t)m->pool_slots * hd; /* in elements */
-    const v16 scale = v16_set1(m->scale);
+    const size_t sbase = ((size_t)layer * m->n_kv + kvh) * (size_t)m->pool_slots, base = sbase * hd; /* in slots, elements */
+    v16 scale = v16_set1(m->scale);
+    float qr[kind == SK_KV_I8 ? G * hd : 1]; /* the queries rotated as K was (kv_rotate) */
+    if (kind == SK_KV_I8) {
+        memcpy(qr, q, (size_t)G * hd * 4);
+        for (int g = 0; g < G; g++) kv_rotate(qr + (size_t)g * hd, hd);
+        q = qr;
+        scale = v16_set1(m->scale / (float)kv_rot_chunk(hd));
+    }
     for (int b = 0; b < nblk; b++) {
         const size_t kt = base + (size_t)table[b] * bs * hd; /* [hd][bs] */
-        if (b + 1 < nblk) prefetch_kv_block(m, base + (size_t)table[b + 1] * bs * hd, half); /* anywhere in the pool */
+        const float *ks = kind == SK_KV_I8 ? m->k_scale + sbase + (size_t)table[b] * bs : NULL;
+        if (b + 1 < nblk) prefetch_kv_block(m, base + (size_t)table[b + 1] * bs * hd, kind); /* anywhere in the pool */
         for (int c = 0; c < bs; c += 16)
             for (int g0 = 0; g0 < G; g0 += SK_SG) {
                 const float *qg = q + (size_t)g0 * hd;
                 float *o = sc + (size_t)g0 * stride + b * bs + c;
                 switch (G - g0 < SK_SG ? G - g0 : SK_SG) {
-                case 1: scores16(m->k_pool, kt + c, bs, hd, qg, 1, scale, o, stride, half); break;
-                case 2: scores16(m->k_pool, kt + c, bs, hd, qg, 2, scale, o, stride, half); break;
+                case 1: scores16(m->k_pool, kt + c, bs, hd, qg, 1, scale, o, stride, kind, ks ? ks + c : NULL); break;
+                case 2: scores16(m->k_pool, kt + c, bs, hd, qg, 2, scale, o, stride, kind, ks ? ks + c : NULL); break;
 #if SK_SG > 3
-                case 3: scores16(m->k_pool, kt + c, bs, hd, qg, 3, scale, o, stride, half); break;
+                case 3: scores16(m->k_pool, kt + c, bs, hd, qg, 3, scale, o, stride, kind, ks ? ks + c : NULL); break;
 #endif
-                default: scores16(m->k_pool, kt + c, bs, hd, qg, SK_SG, scale, o, stride, half); break;
+                default: scores16(m->k_pool, kt + c, bs, hd, qg, SK_SG, scale, o, stride, kind, ks ? ks + c : NULL); break;
                 }
             }
     }
@@ -513,29 +565,40 @@ INLINE void attend_kv(const sk_model *m, int layer, int kvh, const float *q, int
             v16_store(s + p, e);
             sum = v16_add(sum, e);
         }
-        inv_sum[g] = 1.0f / v16_hsum(sum);
+        /* int8: V was stored rotated, and the rotation back (below) multiplies by its chunk's size */
+        inv_sum[g] = 1.0f / (v16_hsum(sum) * (kind == SK_KV_I8 ? (float)kv_rot_chunk(hd) : 1.0f));
+        if (kind == SK_KV_I8) /* each position's V scale into its weight; weigh_v reads no further than ctx */
+            for (int b = 0; b < nblk; b++)
+                for (int c = 0; c < bs; c += 16) {
+                    float *w = s + b * bs + c;
+                    v16_store(w, v16_mul(v16_load(w), v16_load(m->v_scale + sbase + (size_t)table[b] * bs + c)));
+                }
     }
     for (int g0 = 0; g0 < G; g0 += SK_SG) {
         const float *s = sc + (size_t)g0 * stride;
         float *o = out + (size_t)g0 * hd;
         switch (G - g0 < SK_SG ? G - g0 : SK_SG) {
-        case 1: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, 1, o, half); break;
-        case 2: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, 2, o, half); break;
+        case 1: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, 1, o, kind); break;
+        case 2: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, 2, o, kind); break;
 #if SK_SG > 3
-        case 3: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, 3, o, half); break;
+        case 3: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, 3, o, kind); break;
 #endif
-        default: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, SK_SG, o, half); break;
+        default: weigh_v_heads(m, base, table, nblk, ctx, s, stride, inv_sum + g0, SK_SG, o, kind); break;
         }
     }
+    if (kind == SK_KV_I8) /* V was stored rotated: rotate the sums back */
+        for (int g = 0; g < G; g++) kv_rotate(out + (size_t)g * hd, hd);
 }
 
 static void attend(const sk_model *m, int layer, int kvh, const float *q, int G, int ctx, const int32_t *table,
                    float *out) {
-    if (m->kv_half) attend_kv(m, layer, kvh, q, G, ctx, table, out, 1);
-    else attend_kv(m, layer, kvh, q, G, ctx, table, out, 0);
+    switch (m->kv_kind) { /* a constant in each copy */
+    case SK_KV_F16: attend_kv(m, layer, kvh, q, G, ctx, table, out, SK_KV_F16); break;
+    case SK_KV_I8: attend_kv(m, layer, kvh, q, G, ctx, table, out, SK_KV_I8); break;
+    default: attend_kv(m, layer, kvh, q, G, ctx, table, out, SK_KV_F32); break;
+    }
 }
 
-/* a token's K (rotated) and V of KV head j into its slot */
 /* where KV head j of `layer` keeps position `slot`, in elements of the pools: its K column at *kt
  * (head_dim values block_size apart: a block is [head_dim][block_size]), its V row at *vr */
 INLINE void kv_slot(const sk_model *m, int layer, long slot, int j, size_t *kt, size_t *vr) {
@@ -545,11 +608,26 @@ INLINE void kv_slot(const sk_model *m, int layer, long slot, int j, size_t *kt, 
     *vr = (head + (size_t)slot) * hd;
 }
 
+/* hd values of x rotated (kv_rotate) and rounded to int8 at q, stride apart (symmetric, to nearest);
+ * returns their scale */
+INLINE float kv_quantize(const float *x, int hd, size_t stride, int8_t *q) {
+    float r[SK_MAX_HEAD_DIM];
+    memcpy(r, x, (size_t)hd * 4);
+    kv_rotate(r, hd);
+    const float amax = amax_n(r, hd), inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < hd; i++) q[(size_t)i * stride] = (int8_t)lrintf(r[i] * inv);
+    return amax / 127.0f;
+}
+
+/* a token's K (rotated by RoPE) and V of KV head j into its slot */
 static void write_kv(const sk_model *m, int layer, long slot, int j, const float *kj, const float *vj) {
     const int hd = m->head_dim, bs = m->block_size;
     size_t kt, vr;
     kv_slot(m, layer, slot, j, &kt, &vr);
-    if (m->kv_half) {
+    if (m->kv_kind == SK_KV_I8) {
+        m->k_scale[vr / hd] = kv_quantize(kj, hd, bs, (int8_t *)m->k_pool + kt);
+        m->v_scale[vr / hd] = kv_quantize(vj, hd, 1, (int8_t *)m->v_pool + vr);
+    } else if (m->kv_kind == SK_KV_F16) {
         uint16_t *kp = (uint16_t *)m->k_pool + kt, *vp = (uint16_t *)m->v_pool + vr;
         for (int d = 0; d < hd; d++) kp[(size_t)d * bs] = _cvtss_sh(kj[d], _MM_FROUND_TO_NEAREST_INT);
         for (int d = 0; d < hd; d += 16) v16_store_half(vp + d, v16_load(vj + d));
@@ -627,7 +705,7 @@ INLINE void rope_unit(const sk_model *m, int u, int *r, int *kv, int *g) {
 static void prefetch_kv_writes(const forward_args *f, int l, int T, const sk_team *t) {
     const sk_model *m = f->m;
     if (T > SK_KV_PREFETCH_MAX_ROWS) return;
-    const int hd = m->head_dim, bs = m->block_size, esize = m->kv_half ? 2 : 4;
+    const int hd = m->head_dim, bs = m->block_size, esize = (int)kv_esize(m->kv_kind);
     const int step = bs * esize >= 64 ? 1 : 64 / (bs * esize); /* K rows a line holds */
     int a, b;
     rope_units(m, T, t, &a, &b);
@@ -640,6 +718,7 @@ static void prefetch_kv_writes(const forward_args *f, int l, int T, const sk_tea
         const char *k = (const char *)m->k_pool + kt * esize, *v = (const char *)m->v_pool + vr * esize;
         for (int d = 0; d < hd; d += step) prefetch(k + (size_t)d * bs * esize);
         for (int i = 0; i < hd * esize; i += 64) prefetch(v + i);
+        if (m->kv_kind == SK_KV_I8) prefetch(m->k_scale + vr / hd), prefetch(m->v_scale + vr / hd);
     }
 }
 
@@ -709,7 +788,7 @@ static void attend_rows(const forward_args *f, int l, int T, uint8_t *o_xb, int 
         if (nx < T * KV) /* the first KV block of this thread's next unit (each prefetches its next ones) */
             prefetch_kv_block(m, ((size_t)l * KV + nx % KV) * (size_t)m->pool_slots * hd +
                                      (size_t)f->tables[(size_t)f->tok_seq[nx / KV] * f->nb_stride] * m->block_size * hd,
-                              m->kv_half);
+                              m->kv_kind);
         attend(m, l, j, m->qkv + (size_t)r * QKV + (size_t)j * G * hd, G, f->pos[r] + 1,
                f->tables + (size_t)f->tok_seq[r] * f->nb_stride, m->att + (size_t)r * A + (size_t)j * G * hd);
         pack_heads(m, r, j * G, G, o_xb, grouped);

@@ -35,6 +35,22 @@ INLINE v16 v16_keep(v16 a, int n) {
 }
 /* 16 float16 values as float32 */
 INLINE v16 v16_load_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+/* 16 int8 values as float32 */
+INLINE v16 v16_load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+/* the unnormalized Walsh-Hadamard transform of the 16 lanes: lane j of each stage h is x[j] + x[j ^ h]
+ * where bit h of j is clear, x[j ^ h] - x[j] where it is set */
+INLINE v16 v16_fwht16(v16 x) {
+    v16 y = _mm512_permute_ps(x, 0xB1);
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xAAAA, y, x);
+    y = _mm512_permute_ps(x, 0x4E);
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xCCCC, y, x);
+    y = _mm512_shuffle_f32x4(x, x, 0xB1);
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xF0F0, y, x);
+    y = _mm512_shuffle_f32x4(x, x, 0x4E);
+    return _mm512_mask_sub_ps(_mm512_add_ps(x, y), 0xFF00, y, x);
+}
 INLINE void v16_store_half(uint16_t *p, v16 a) {
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
 }
@@ -142,6 +158,23 @@ INLINE v16 v16_keep(v16 x, int n) {
     const __m256 ma = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, iota));
     const __m256 mb = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, _mm256_add_epi32(iota, _mm256_set1_epi32(8))));
     return v16_make(_mm256_and_ps(x.a, ma), _mm256_and_ps(x.b, mb));
+}
+INLINE v16 v16_load_i8(const int8_t *p) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)p);
+    return v16_make(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))));
+}
+INLINE __m256 fwht8(__m256 x) {
+    __m256 y = _mm256_permute_ps(x, 0xB1);
+    x = _mm256_blend_ps(_mm256_add_ps(x, y), _mm256_sub_ps(y, x), 0xAA);
+    y = _mm256_permute_ps(x, 0x4E);
+    x = _mm256_blend_ps(_mm256_add_ps(x, y), _mm256_sub_ps(y, x), 0xCC);
+    y = _mm256_permute2f128_ps(x, x, 0x01);
+    return _mm256_blend_ps(_mm256_add_ps(x, y), _mm256_sub_ps(y, x), 0xF0);
+}
+/* the unnormalized Walsh-Hadamard transform of the 16 lanes (as the AVX-512 one) */
+INLINE v16 v16_fwht16(v16 x) {
+    const __m256 a = fwht8(x.a), b = fwht8(x.b);
+    return v16_make(_mm256_add_ps(a, b), _mm256_sub_ps(a, b));
 }
 INLINE v16 v16_load_half(const uint16_t *p) {
     return v16_make(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
