@@ -249,8 +249,51 @@ def test_thread_tuner_leaves_held_cores_and_skips_contended_steps():
         tuner.observe(0.5, 1)
         assert tuner.cost == {}
         assert tuner.before(1) == 2
+        tuner.observe(0.05, 1)  # the first 2-thread step: a warm-up, not counted
+        assert tuner.cost == {}
+        assert tuner.before(1) == 2
         tuner.observe(0.05, 1)
         assert list(tuner.cost) == [(1, 2)]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_thread_tuner_counts_neither_warm_up_nor_waking_workers():
+    """The first step of a size at a setting (its buffers' first touch) is not counted, nor, once a
+    warm step has measured a setting, a step that starts workers idle since fewer threads ran: with
+    those counted, one 172 ms first prefill or a slow 2-thread step after a 1-thread one made an
+    idle 2-core machine run on 1 thread. Steps that switch every time still get a cost."""
+    from streamkit.engine.threads import ThreadTuner
+
+    before = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(2, explore_every=4, explore_steps=2)
+
+        def step(n: int, cost_1: float, cost_2: float, cold_2: float | None = None) -> int:
+            was = tuner.current
+            nt = tuner.before(n)
+            cost = cost_1 if nt == 1 else (cold_2 if cold_2 is not None and was == 1 else cost_2)
+            tuner.observe(cost, n)
+            return nt
+
+        # the first 2-thread step of 40 rows is 7x the others: still no reason to leave 2 threads
+        assert tuner.before(40) == 2
+        tuner.observe(0.172, 40)
+        picks = [step(40, 0.040, 0.024) for _ in range(40)]
+        assert tuner._pref.get(6, 2) == 2 and picks[-10:].count(2) >= 8
+        # batch-1 steps: 2 threads take 2.8 ms warm, 8 ms when the worker had slept (after a 1-thread
+        # step); 1 thread 6 ms. Counting the wake-ups would make 1 thread the choice.
+        picks = [step(1, 6e-3, 2.8e-3, cold_2=8e-3) for _ in range(200)]
+        assert tuner._pref.get(1, 2) == 2 and picks[-50:].count(2) >= 45
+        assert tuner.cost[(1, 2)] < 3e-3 / 9
+        # two sizes that alternate, one preferring each setting: the 2-thread one is cold every time
+        # and is still measured (by its cold steps) and kept on 2 threads
+        tuner = ThreadTuner(2, explore_every=8, explore_steps=2)
+        for i in range(200):
+            n = 1 if i % 2 else 64
+            nt = tuner.before(n)
+            tuner.observe((1.0 if nt == 1 else 3.0) * 1e-3 if n == 1 else (10.0 if nt == 1 else 5.0) * 1e-3, n)
+        assert tuner._pref.get(1) == 1 and tuner._pref.get(7, 2) == 2 and (7, 2) in tuner.cost
     finally:
         torch.set_num_threads(before)
 

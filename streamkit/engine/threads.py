@@ -11,6 +11,13 @@ exploration that leaves the choice as it was doubles that interval (up to `max_b
 an idle machine the 1-thread steps it kept exploring cost ~6 % of SmolLM2's batch-1 speed (375 vs
 400 tok/s, Zen 5). A setting that gets slower is still left at once, since its own cost is
 measured every step, and a change of choice brings the interval back to `explore_every`.
+
+Two kinds of step mislead a running cost, so neither is counted where a fair one can be: the first
+step of each size at each setting (the scratch buffers' first touch: SmolLM2's first 37-token
+prefill on 2 threads took 172 ms, later ones ~23), and a step that starts workers which sat idle
+while fewer threads ran (a 1-thread prefill left the second core asleep and the 2-thread decode
+steps after it took 4.7-5 ms against 2.8). Counted, each made 1 thread the choice on an idle
+2-core machine: prefills for the next 32 of them, batch-1 decoding at 2.3x its step time.
 """
 from __future__ import annotations
 
@@ -43,6 +50,9 @@ class ThreadTuner:
         self._explore_left: dict[int, int] = {}  # bucket -> steps left of the exploration under way
         self._exploring_from: dict[int, int] = {}  # bucket -> the preference when its exploration began
         self._changes: int | None = None  # cores.changes() at before(); None: cores were held
+        self._seen: set[tuple[int, int]] = set()  # (bucket, threads) run at least once: past the warm-up
+        self._warm: set[tuple[int, int]] = set()  # (bucket, threads) whose cost has a warm step in it
+        self._cold = False  # the step under way started workers that sat idle before it
         torch.set_num_threads(self.current)
 
     @property
@@ -105,7 +115,16 @@ class ThreadTuner:
         b = _bucket(n_tokens)
         c = seconds / (n_tokens + 8.0)
         key = (b, self.current)
-        old = self.cost.get(key)
+        if key not in self._seen:
+            self._seen.add(key)
+            return
+        if self._cold and key in self._warm:
+            return
+        # a cold step counts only for a setting no warm step has measured (steps of two sizes that
+        # alternate between settings start their workers every time: that is their cost)
+        old = None if not self._cold and key not in self._warm else self.cost.get(key)
+        if not self._cold:
+            self._warm.add(key)
         self.cost[key] = c if old is None else 0.6 * old + 0.4 * c
         pref = self._pref.get(b, self.choices[-1])
         other = self._other(pref)
@@ -123,6 +142,7 @@ class ThreadTuner:
             del self._exploring_from[b]
 
     def _set(self, n: int) -> None:
+        self._cold = n > self.current
         if n != self.current:
             torch.set_num_threads(n)
             self.current = n
