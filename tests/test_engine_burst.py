@@ -1,6 +1,7 @@
-"""Decode bursts (EngineCore._decode_burst): several greedy decode steps in one native call give the
+"""Decode bursts (EngineCore._decode_burst): several decode steps in one native call give the
 tokens, texts and finish reasons of one step a call, with stop tokens, stop strings, max_tokens,
-streams that start and end at different times, and the prefix cache over what a burst computed."""
+streams that start and end at different times, the prefix cache over what a burst computed, and
+seeded sampling (the kernels draw a sampled sequence's tokens in both)."""
 import asyncio
 import os
 
@@ -95,3 +96,26 @@ def test_the_prefix_cache_reuses_what_a_burst_computed(engines):
     reused = bursts.stats()["prefix_cache_hit_tokens"] - hits
     assert reused >= (len(follow) - 1) // 16 * 16 - 16 and reused > len(first)
     assert continued == asyncio.run(tokens(plain, follow, 12))
+
+
+def test_seeded_sampled_answers_are_those_of_single_steps(engines):
+    """Sampled sequences burst as greedy ones do (sk_decode_sample): a seeded answer is the one single
+    steps give, with temperature, top-k, top-p and a repetition penalty (whose seen tokens the burst
+    extends itself), alone and beside a greedy stream; an unseeded one differs from run to run."""
+    plain, bursts = engines
+    prompt = chat(PROMPTS[2])
+    sampled = [SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=7),
+               SamplingParams(max_tokens=40, temperature=1.2, top_k=20, repetition_penalty=1.3, seed=11)]
+    before = bursts.stats()["burst_steps"]
+    for params in sampled:
+        expected = _answers(plain, [(prompt, params)])
+        assert _answers(bursts, [(prompt, params)]) == expected
+    assert bursts.stats()["burst_steps"] - before >= 40
+    greedy = SamplingParams(max_tokens=30)
+    alone = _answers(plain, [(prompt, sampled[0])])[0]
+    with_greedy = _answers(bursts, [(prompt, sampled[0]), (chat(PROMPTS[0]), greedy)])
+    assert with_greedy[0][2] == alone[2]
+    if bursts.core.model.weights == "native-fp32":  # a row's logits do not depend on the batch
+        assert with_greedy[0] == alone
+    free = SamplingParams(max_tokens=24, temperature=1.0)
+    assert len({_answers(bursts, [(prompt, free)])[0][0] for _ in range(3)}) > 1

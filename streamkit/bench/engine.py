@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from streamkit.bench.engine_peers import llamacpp_main, peer_main, rss_peak_mb, run_peer
+from streamkit.bench.engine_peers import SAMPLED, llamacpp_main, peer_main, rss_peak_mb, run_peer
 
 H200_BW = 4.8e12
 H200_FLOPS = 790e12
@@ -191,6 +191,15 @@ def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1, repeats=3, bandwidt
     out["ours_b1_tps_best"] = round(max(tps), 2)
     out["ttft_ms_p50"] = round(statistics.median(ttfts) * 1000, 1)
     log(f"ours b1: {out['ours_b1_tps']} tok/s, ttft p50 {out['ttft_ms_p50']} ms")
+    sampled = []
+    for i in range(n_b1):
+        core.drop_prefix_cache()
+        _, st = asyncio.run(_one(eng, prompt_ids[i % len(prompt_ids)], n_tokens,
+                                 lambda max_tokens, i=i: SP(max_tokens=max_tokens, seed=i, **SAMPLED)))
+        if len(st) > 1:
+            sampled.append((len(st) - 1) / (st[-1] - st[0]))
+    out["ours_b1_sampled_tps"] = round(statistics.median(sampled), 2)
+    log(f"ours b1 sampled ({SAMPLED}): {out['ours_b1_sampled_tps']} tok/s")
     for c in concurrency:
         runs, stream_ttfts = [], []
         for _ in range(repeats):
@@ -403,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             res.update(run_peer(spec, timeout=900, flag="--llamacpp-spec", name="llamacpp"))
             if res.get("llamacpp_b1_tps"):
                 res["ratio_llamacpp_b1"] = round(res["ours_b1_tps"] / res["llamacpp_b1_tps"], 2)
+            if res.get("llamacpp_b1_sampled_tps"):
+                res["ratio_llamacpp_b1_sampled"] = round(res["ours_b1_sampled_tps"] / res["llamacpp_b1_sampled_tps"], 2)
             if res.get("llamacpp_c16_tps") and "ours_c16_tps" in res:
                 res["ratio_llamacpp_c16"] = round(res["ours_c16_tps"] / res["llamacpp_c16_tps"], 2)
             rounds = a.paired_rounds if a.paired_rounds is not None else (0 if a.quick else 3)
@@ -432,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             "peer_b16_tps", "ratio_b16", "greedy_match", "greedy_match_timed_build", "greedy_match_timed_vs_fp32",
             "ttft_ms_p50",
             "bandwidth_gbs_measured", "roofline_b1_tps", "roofline_fraction", "roofline_fraction_runs", "copy_bandwidth_gbs",
-            "roofline_fraction_copy", "dram_read_bandwidth_gbs", "roofline_fraction_dram", "llamacpp_b1_tps", "ratio_llamacpp_b1", "llamacpp_c16_tps", "ratio_llamacpp_c16", "paired_ratio_llamacpp_b1_runs", "paired_ratio_llamacpp_c16_runs",
+            "roofline_fraction_copy", "dram_read_bandwidth_gbs", "roofline_fraction_dram", "llamacpp_b1_tps", "ratio_llamacpp_b1", "ours_b1_sampled_tps", "llamacpp_b1_sampled_tps", "ratio_llamacpp_b1_sampled", "llamacpp_c16_tps", "ratio_llamacpp_c16", "paired_ratio_llamacpp_b1_runs", "paired_ratio_llamacpp_c16_runs",
             "load_avg_start", "load_avg_end"]
     for k in keys:
         print(f"{k:>20}: {res.get(k)}")

@@ -13,6 +13,9 @@ import tempfile
 import threading
 import time
 
+# the sampled batch-1 runs' settings (a chat's usual), ours and llama.cpp's
+SAMPLED = {"temperature": 0.7, "top_p": 0.9}
+
 
 def rss_peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -92,7 +95,8 @@ def peer_main(spec_path: str) -> int:
 
 def llamacpp_main(spec_path: str) -> int:
     """The CPU peer, in a process of its own: llama.cpp (the xllamacpp wheel, its server with
-    parallel slots) on the same GGUF: one stream, then 16 concurrent requests, greedy, EOS ignored."""
+    parallel slots) on the same GGUF: one stream greedy and sampled (SAMPLED), then 16 concurrent
+    greedy requests, EOS ignored."""
     spec = json.load(open(spec_path))
     try:
         import xllamacpp as xlc  # type: ignore
@@ -107,7 +111,7 @@ def llamacpp_main(spec_path: str) -> int:
     p.cpuparams.n_threads = p.cpuparams_batch.n_threads = os.cpu_count() or 1
     server = xlc.Server(p)
 
-    def complete(ids: list[int]) -> dict:
+    def complete(ids: list[int], sampling: dict | None = None) -> dict:
         out: dict = {}
 
         def collect(chunk):
@@ -116,13 +120,18 @@ def llamacpp_main(spec_path: str) -> int:
                 out.update(d)
 
         server.handle_completions({"prompt": ids, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
-                                   "cache_prompt": False}, collect)
+                                   "cache_prompt": False, **(sampling or {})}, collect)
         return out
 
     complete(prompts[0])  # warm-up
     rates = [complete(ids).get("timings", {}).get("predicted_per_second", 0.0) for ids in prompts[:5]]
     b1 = round(statistics.median(rates), 2)
     print(f"[bench engine] llama.cpp b1: {b1} tok/s (decode, median of {len(rates)})", file=sys.stderr, flush=True)
+    sampling = {**SAMPLED, "top_k": 0, "min_p": 0.0}  # its default top-k 40 and min-p 0.05 off: ours' distribution
+    rates = [complete(ids, {**sampling, "seed": i}).get("timings", {}).get("predicted_per_second", 0.0)
+             for i, ids in enumerate(prompts[:5])]
+    b1_sampled = round(statistics.median(rates), 2)
+    print(f"[bench engine] llama.cpp b1 sampled: {b1_sampled} tok/s", file=sys.stderr, flush=True)
     batch = [prompts[i % len(prompts)] for i in range(16)]
     t0 = time.perf_counter()
     threads = [threading.Thread(target=complete, args=(ids,)) for ids in batch]
@@ -132,7 +141,8 @@ def llamacpp_main(spec_path: str) -> int:
         t.join()
     c16 = round(16 * n / (time.perf_counter() - t0), 2)  # prompts included, as for ours
     print(f"[bench engine] llama.cpp 16 streams: {c16} tok/s", file=sys.stderr, flush=True)
-    print(json.dumps({"llamacpp_b1_tps": b1, "llamacpp_c16_tps": c16, "llamacpp_build": "xllamacpp"}))
+    print(json.dumps({"llamacpp_b1_tps": b1, "llamacpp_b1_sampled_tps": b1_sampled, "llamacpp_c16_tps": c16,
+                      "llamacpp_build": "xllamacpp"}))
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 import traceback
@@ -134,6 +135,8 @@ class EngineCore:
         self._decode_step_s: float | None = None  # moving average of a decode step's seconds
         # steps whose rows all decode greedily ask the native model for the argmax alone (forward_argmax)
         self._argmax_steps = isinstance(self.model, NativeLlamaModel)
+        # sampled rows drawn by the kernels (sk_sample.h), in single steps and in decode bursts alike
+        self._native_sampling = isinstance(self.model, NativeLlamaModel)
         self.burst_steps = 0  # decode steps run inside bursts of 2 or more
         self.load_seconds = time.perf_counter() - t0
         log.info("engine: ready on %s in %.1fs (weights %s, kv cache %d tokens = %.0f MB, block %d, cuda graphs %s)",
@@ -217,6 +220,7 @@ class EngineCore:
                 seq.emit("error", f"prompt has {len(seq.prompt_ids)} tokens; max_model_len is {self.max_model_len}")
                 return
             seq.generator = make_generator(seq.params.seed, self.device)
+            seq.sample_seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(64)
             seq.decoder = IncrementalDecoder(self.tokenizer)
             seq.stopper = StopChecker(seq.params.stop)
             if seq.params.max_tokens <= 0:
@@ -305,7 +309,8 @@ class EngineCore:
         scheduled sequence decodes greedily with nothing else to schedule or handle, as many as fit in
         decode_burst_ms at the measured step time, and none past a sequence's max_tokens or the
         model's length (a stop token ends the run in the native loop; a stop string or a finish
-        before the run's end costs the steps after it, discarded); 1 while the thread tuner explores."""
+        before the run's end costs the steps after it, discarded); 1 while the thread tuner explores.
+        Sampled sequences burst too where the kernels draw their tokens (sk_decode_sample)."""
         if not self._bursts or self._decode_step_s is None or self.scheduler.waiting or not self._inbox.empty():
             return 1
         if self._tuner is not None and self._tuner.explores_next(len(self.scheduler.running)):
@@ -313,7 +318,7 @@ class EngineCore:
         n = int(self.options.decode_burst_ms / 1e3 / self._decode_step_s)
         for seq in self.scheduler.running:
             p = seq.params
-            if seq.n_uncomputed != 1 or not plain_greedy(p):
+            if seq.n_uncomputed != 1 or not (plain_greedy(p) or self._native_sampling):
                 return 1
             n = min(n, p.max_tokens - seq.n_generated, self.max_model_len - len(seq.tokens))
         return max(n, 1)
@@ -331,9 +336,13 @@ class EngineCore:
         if self._tuner is not None:
             self._tuner.before(len(seqs))
         t0 = time.perf_counter()
-        toks = self.model.decode_greedy([s.tokens[s.num_computed] for s in seqs], [s.num_computed for s in seqs],
-                                        [s.blocks for s in seqs], n, self.tokenizer.stop_ids,
-                                        [not s.ignore_eos for s in seqs])
+        args = ([s.tokens[s.num_computed] for s in seqs], [s.num_computed for s in seqs], [s.blocks for s in seqs], n,
+                self.tokenizer.stop_ids, [not s.ignore_eos for s in seqs])
+        if all(plain_greedy(s.params) for s in seqs):
+            toks = self.model.decode_greedy(*args)
+        else:
+            toks = self.model.decode_sample(*args, [s.params for s in seqs], [s.sample_seed for s in seqs],
+                                            [s.tokens for s in seqs])
         per_step = (time.perf_counter() - t0) / len(toks)
         if self._tuner is not None:
             self._tuner.observe(per_step, len(seqs))
@@ -416,8 +425,12 @@ class EngineCore:
                 toks = argmax
             else:
                 rows_logits = logits if len(idx) == logits.shape[0] else logits[torch.tensor(idx, device=logits.device)]
-                toks = sample_batch(rows_logits, [s.params for s in plain], [s.tokens for s in plain],
-                                    [s.generator for s in plain])
+                if self._native_sampling:  # overwrites rows_logits: all of them only where no draft reads them
+                    toks = self.model.sample_rows(rows_logits, [s.params for s in plain], [s.sample_seed for s in plain],
+                                                  [len(s.tokens) - 1 for s in plain], [s.tokens for s in plain])
+                else:
+                    toks = sample_batch(rows_logits, [s.params for s in plain], [s.tokens for s in plain],
+                                        [s.generator for s in plain])
             for seq, tok in zip(plain, toks):
                 if seq.state is State.RUNNING:
                     self.output.accept(seq, tok, now)

@@ -35,6 +35,7 @@ class Sequence:
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full blocks
     state: State = State.WAITING
     generator: object = None
+    sample_seed: int = 0  # the native sampler's (streamkit.engine.native.sampling): the params' seed, else random
     decoder: IncrementalDecoder | None = None
     stopper: StopChecker | None = None
     finish_reason: str | None = None

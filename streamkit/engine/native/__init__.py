@@ -158,6 +158,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_forward": ([P, I, P, P, P, P, P, I, I, P, P, I, I, I, I], I),
         "sk_forward_argmax": ([P, I, P, P, P, P, P, I, I, P, P, P, I, I, I, I], I),
         "sk_decode_greedy": ([P, I, I, P, P, P, I, P, I, P, P, P, I, I, I, I], I),
+        "sk_decode_sample": ([P, I, I, P, P, P, I, P, I, P, P, P, P, P, P, P, P, P, I, I, I, I], I),
+        "sk_sample_rows": ([P, I, I, P, P, P, P, P, P, P, P, I], I),
         "sk_matmul": ([I, P, P, I, I, I, P, P, I, I, I, I, I], I),
         "sk_greedy_head": ([I, P, P, I, I, I, P, P, I], I),
         "sk_head4_argmax": ([I, P, P, I, I, I, P, P, I, I, I], I),

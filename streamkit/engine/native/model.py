@@ -24,8 +24,10 @@ from streamkit.engine import native
 from streamkit.engine.arena import HugePageArena
 from streamkit.engine.gguf_loader import GGUFModel
 from streamkit.engine.model import StepBatch, rope_angles
+from streamkit.engine.native.sampling import sample_rows, sampling_arrays
 from streamkit.engine.native.weights import PackedWeight, greedy_head_bytes, pack, stack
 from streamkit.engine.paged_attention import default_scale
+from streamkit.engine.params import SamplingParams
 
 log = logging.getLogger("streamkit.engine")
 
@@ -290,6 +292,21 @@ class NativeLlamaModel:
         _raise_for(rc)
         return tokens.tolist()
 
+    def _decode_args(self, ids: list[int], positions: list[int], block_tables: list[list[int]], stop_ids: list[int],
+                     may_stop: list[bool]) -> tuple:
+        """sk_decode_greedy's arrays from ids to may_stop: ids, positions, tables, its width, stops, may"""
+        width = max(len(t) for t in block_tables)
+        tables = np.zeros((len(ids), width), np.int32)
+        for i, t in enumerate(block_tables):
+            tables[i, :len(t)] = t
+        return (np.asarray(ids, np.int32), np.asarray(positions, np.int32), tables, width,
+                np.asarray(sorted(stop_ids) or [0], np.int32), np.asarray(may_stop, np.uint8))
+
+    def sample_rows(self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int],
+                    prevs: list[list[int]]) -> list[int]:
+        """Each row's token from logits [S, V] (overwritten): native.sampling.sample_rows."""
+        return sample_rows(self._lib, logits, params, seeds, positions, prevs)
+
     @torch.inference_mode()
     def decode_greedy(self, ids: list[int], positions: list[int], block_tables: list[list[int]], n_steps: int,
                       stop_ids: list[int], may_stop: list[bool]) -> np.ndarray:
@@ -298,19 +315,34 @@ class NativeLlamaModel:
         cover positions[i] + n_steps - 1. Stops early after a step in which a sequence with may_stop
         produced one of stop_ids. Returns the tokens, [steps run, sequences]."""
         S = len(ids)
-        width = max(len(t) for t in block_tables)
-        tables = np.zeros((S, width), np.int32)
-        for i, t in enumerate(block_tables):
-            tables[i, :len(t)] = t
-        ids_a = np.asarray(ids, np.int32)
-        pos_a = np.asarray(positions, np.int32)
-        stops = np.asarray(sorted(stop_ids) or [0], np.int32)
-        may = np.asarray(may_stop, np.uint8)
+        ids_a, pos_a, tables, width, stops, may = self._decode_args(ids, positions, block_tables, stop_ids, may_stop)
         out = np.empty((n_steps, S), np.int32)
         P = native.ptr
         rc = self._lib.sk_decode_greedy(self._m, S, n_steps, P(ids_a), P(pos_a), P(tables), width, P(stops),
                                         len(stop_ids), P(may), P(self._logits_for(S, True)), P(out), self.bf16_min_rows,
                                         self.int8_min_rows, self.int8_mask, torch.get_num_threads())
+        return self._decoded(rc, n_steps, out)
+
+    @torch.inference_mode()
+    def decode_sample(self, ids: list[int], positions: list[int], block_tables: list[list[int]], n_steps: int,
+                      stop_ids: list[int], may_stop: list[bool], params: list[SamplingParams], seeds: list[int],
+                      prevs: list[list[int]]) -> np.ndarray:
+        """decode_greedy with each sequence's tokens drawn as sample_rows draws them (sk_decode_sample):
+        every logit of each step, so a decode burst of sampled sequences runs in one native call."""
+        S = len(ids)
+        ids_a, pos_a, tables, width, stops, may = self._decode_args(ids, positions, block_tables, stop_ids, may_stop)
+        arrays = sampling_arrays(params, seeds, prevs, self.cfg.vocab_size)
+        out = np.empty((n_steps, S), np.int32)
+        P = native.ptr
+        rc = self._lib.sk_decode_sample(self._m, S, n_steps, P(ids_a), P(pos_a), P(tables), width, P(stops),
+                                        len(stop_ids), P(may), *(P(a) for a in arrays[:5]),
+                                        P(arrays[5]) if arrays[5] is not None else None,
+                                        P(self._logits_for(S, True)), P(out), self.bf16_min_rows,
+                                        self.int8_min_rows, self.int8_mask, torch.get_num_threads())
+        return self._decoded(rc, n_steps, out)
+
+    @staticmethod
+    def _decoded(rc: int, n_steps: int, out: np.ndarray) -> np.ndarray:
         if rc == -3:
             raise ValueError(f"a block table does not cover {n_steps} decode steps")
         _raise_for(min(rc, 0))

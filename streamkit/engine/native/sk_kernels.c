@@ -73,6 +73,7 @@
 #include "sk_gemv.h"
 #include "sk_greedy.h"
 #include "sk_head4.h"
+#include "sk_sample.h"
 #if SK_BF16
 #include "sk_bf16.h"
 #endif
@@ -1030,17 +1031,67 @@ SK_API int sk_forward_argmax(sk_model *m, int T, const int32_t *ids, const int32
                         bf16_min_rows, i8_min_rows, i8_mask, nt);
 }
 
-/* Up to n_steps greedy decode steps of S sequences, one token each a step, in one call: the token
- * of step s + 1 is the argmax of step s's logits. Sequence i starts from token ids0[i] at position
- * pos0[i]; its block table (tables[i], nb_stride entries) must already cover position
- * pos0[i] + n_steps - 1. Writes out[s][i] and returns the number of steps run: it stops after a
- * step in which a sequence with may_stop[i] set produced one of stop_ids (n_stop of them), so the
- * caller can finish it. Also -1 / -2 as sk_forward, -3 when a table does not cover the positions.
- * logits: scratch [S][vocab]. */
-SK_API int sk_decode_greedy(sk_model *m, int S, int n_steps, const int32_t *ids0, const int32_t *pos0,
-                            const int32_t *tables, int nb_stride, const int32_t *stop_ids, int n_stop,
-                            const uint8_t *may_stop, float *logits, int32_t *out, int bf16_min_rows,
-                            int i8_min_rows, int i8_mask, int nt) {
+/* ------------------------------------------------------------------ sampling (sk_sample.h) */
+
+static int sample_token(float *z, int V, const sample_spec *s) {
+    sample_penalize(z, V, s);
+    return s->temperature > 0.0f ? sample_draw(z, V, s, thread_buffer(SCRATCH_STRIP, (size_t)V * 8)) : argmax_row(z, V);
+}
+
+typedef struct {
+    float *logits;
+    int S, V;
+    const sample_spec *spec;
+    int32_t *out;
+} sample_args;
+
+static void sample_job(void *p, sk_team *t) {
+    const sample_args *a = p;
+    int r0, r1;
+    team_span(t, a->S, &r0, &r1);
+    for (int r = r0; r < r1; r++) a->out[r] = sample_token(a->logits + (size_t)r * a->V, a->V, &a->spec[r]);
+}
+
+/* each of S rows of logits (overwritten) into out[r], rows spread over nt threads */
+static void sample_rows(float *logits, int S, int V, const sample_spec *spec, int32_t *out, int nt) {
+    sample_args a = {logits, S, V, spec, out};
+    pool_run(sample_job, &a, S < nt ? S : nt);
+}
+
+static size_t seen_stride(int V) { return ((size_t)V + 7) / 8; }
+
+/* the specs of S rows from the entry points' arrays; seen: S rows of seen_stride bytes, or NULL */
+static void sample_specs(sample_spec *spec, int S, int V, const float *temperature, const int32_t *top_k,
+                         const float *top_p, const float *penalty, const uint64_t *seeds, const uint8_t *seen) {
+    for (int i = 0; i < S; i++)
+        spec[i] = (sample_spec){temperature[i], top_p[i], penalty[i], top_k[i], seeds[i], 0,
+                                seen ? seen + (size_t)i * seen_stride(V) : NULL};
+}
+
+/* A token for each of S rows of logits [S][V] (overwritten): the argmax where temperature[i] <= 0,
+ * else a draw (sk_sample.h) with the row's top_k (0: off), top_p (1: off), repetition penalty (1:
+ * off; seen: S rows of (V + 7) / 8 bytes, bit t of a row set for each token it came after; NULL
+ * where no row has a penalty) and seed, at position pos[i] (the position of the token the row's
+ * logits came from). Returns 0. */
+SK_API int sk_sample_rows(float *logits, int S, int V, const float *temperature, const int32_t *top_k,
+                          const float *top_p, const float *penalty, const uint64_t *seeds, const int32_t *pos,
+                          const uint8_t *seen, int32_t *out, int nt) {
+    sample_spec *spec = malloc((size_t)(S > 0 ? S : 1) * sizeof *spec);
+    if (!spec) return -1;
+    sample_specs(spec, S, V, temperature, top_k, top_p, penalty, seeds, seen);
+    for (int i = 0; i < S; i++) spec[i].pos = pos[i];
+    sample_rows(logits, S, V, spec, out, nt > 0 ? nt : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    free(spec);
+    return 0;
+}
+
+/* up to n_steps decode steps of S sequences (sk_decode_greedy); spec NULL: each token the argmax
+ * (the greedy heads), else sampled as sk_sample_rows from every logit, each row's seen bits (spec's,
+ * in `seen`) taking the tokens it produces */
+static int decode_steps(sk_model *m, int S, int n_steps, const int32_t *ids0, const int32_t *pos0,
+                        const int32_t *tables, int nb_stride, const int32_t *stop_ids, int n_stop,
+                        const uint8_t *may_stop, sample_spec *spec, uint8_t *seen, float *logits, int32_t *out,
+                        int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
     if (S <= 0 || n_steps <= 0) return -2;
     const int bs = m->block_size;
     for (int i = 0; i < S; i++)
@@ -1056,9 +1107,15 @@ SK_API int sk_decode_greedy(sk_model *m, int S, int n_steps, const int32_t *ids0
             slots[i] = (int64_t)tables[(size_t)i * nb_stride + pos[i] / bs] * bs + pos[i] % bs;
         }
         int32_t *toks = out + (size_t)s * S;
-        rc = forward_rows(m, S, ids, pos, slots, seq, tables, nb_stride, S, seq, logits, toks, bf16_min_rows,
-                          i8_min_rows, i8_mask, nt);
+        rc = forward_rows(m, S, ids, pos, slots, seq, tables, nb_stride, S, seq, logits, spec ? NULL : toks,
+                          bf16_min_rows, i8_min_rows, i8_mask, nt);
         if (rc) break;
+        if (spec) {
+            for (int i = 0; i < S; i++) spec[i].pos = pos[i];
+            sample_rows(logits, S, m->vocab, spec, toks, nt > 0 ? nt : (int)sysconf(_SC_NPROCESSORS_ONLN));
+            for (int i = 0; i < S && seen; i++)
+                seen[(size_t)i * seen_stride(m->vocab) + (toks[i] >> 3)] |= (uint8_t)(1u << (toks[i] & 7));
+        }
         for (int i = 0; i < S; i++) {
             const int tok = ids[i] = toks[i];
             for (int j = 0; j < n_stop && may_stop[i]; j++) stopped |= tok == stop_ids[j];
@@ -1067,6 +1124,39 @@ SK_API int sk_decode_greedy(sk_model *m, int S, int n_steps, const int32_t *ids0
     }
     free(slots);
     return rc ? rc : s;
+}
+
+/* Up to n_steps greedy decode steps of S sequences, one token each a step, in one call: the token
+ * of step s + 1 is the argmax of step s's logits. Sequence i starts from token ids0[i] at position
+ * pos0[i]; its block table (tables[i], nb_stride entries) must already cover position
+ * pos0[i] + n_steps - 1. Writes out[s][i] and returns the number of steps run: it stops after a
+ * step in which a sequence with may_stop[i] set produced one of stop_ids (n_stop of them), so the
+ * caller can finish it. Also -1 / -2 as sk_forward, -3 when a table does not cover the positions.
+ * logits: scratch [S][vocab]. */
+SK_API int sk_decode_greedy(sk_model *m, int S, int n_steps, const int32_t *ids0, const int32_t *pos0,
+                            const int32_t *tables, int nb_stride, const int32_t *stop_ids, int n_stop,
+                            const uint8_t *may_stop, float *logits, int32_t *out, int bf16_min_rows,
+                            int i8_min_rows, int i8_mask, int nt) {
+    return decode_steps(m, S, n_steps, ids0, pos0, tables, nb_stride, stop_ids, n_stop, may_stop, NULL, NULL, logits,
+                        out, bf16_min_rows, i8_min_rows, i8_mask, nt);
+}
+
+/* sk_decode_greedy with each sequence's token drawn as sk_sample_rows draws it (its settings in
+ * the arrays of S; seen: S rows of (vocab + 7) / 8 bytes, updated with each token produced, or NULL
+ * where no sequence has a repetition penalty) */
+SK_API int sk_decode_sample(sk_model *m, int S, int n_steps, const int32_t *ids0, const int32_t *pos0,
+                            const int32_t *tables, int nb_stride, const int32_t *stop_ids, int n_stop,
+                            const uint8_t *may_stop, const float *temperature, const int32_t *top_k,
+                            const float *top_p, const float *penalty, const uint64_t *seeds, uint8_t *seen,
+                            float *logits, int32_t *out, int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
+    if (S <= 0) return -2;
+    sample_spec *spec = malloc((size_t)S * sizeof *spec);
+    if (!spec) return -1;
+    sample_specs(spec, S, m->vocab, temperature, top_k, top_p, penalty, seeds, seen);
+    const int rc = decode_steps(m, S, n_steps, ids0, pos0, tables, nb_stride, stop_ids, n_stop, may_stop, spec, seen,
+                                logits, out, bf16_min_rows, i8_min_rows, i8_mask, nt);
+    free(spec);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ test entry points */

@@ -27,6 +27,7 @@ INLINE v16 v16_max(v16 a, v16 b) { return _mm512_max_ps(a, b); }
 INLINE v16 v16_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
 /* bit i set where lane i of a >= b (false where either is NaN) */
 INLINE int v16_ge_mask(v16 a, v16 b) { return (int)_mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+INLINE int v16_gt_mask(v16 a, v16 b) { return (int)_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
 INLINE float v16_hsum(v16 a) { return _mm512_reduce_add_ps(a); }
 INLINE float v16_hmax(v16 a) { return _mm512_reduce_max_ps(a); }
 /* a with lanes n..15 zeroed (0 <= n <= 16) */
@@ -137,6 +138,10 @@ INLINE v16 v16_fmadd(v16 x, v16 y, v16 z) { return v16_make(_mm256_fmadd_ps(x.a,
 INLINE int v16_ge_mask(v16 x, v16 y) {
     return _mm256_movemask_ps(_mm256_cmp_ps(x.a, y.a, _CMP_GE_OQ)) |
            _mm256_movemask_ps(_mm256_cmp_ps(x.b, y.b, _CMP_GE_OQ)) << 8;
+}
+INLINE int v16_gt_mask(v16 x, v16 y) {
+    return _mm256_movemask_ps(_mm256_cmp_ps(x.a, y.a, _CMP_GT_OQ)) |
+           _mm256_movemask_ps(_mm256_cmp_ps(x.b, y.b, _CMP_GT_OQ)) << 8;
 }
 INLINE float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
