@@ -133,10 +133,9 @@ class EngineCore:
         # decode bursts (_burst_steps): the native model, no drafts to verify between steps
         self._bursts = isinstance(self.model, NativeLlamaModel) and not self.speculative and opts.decode_burst_ms > 0
         self._decode_step_s: float | None = None  # moving average of a decode step's seconds
-        # steps whose rows all decode greedily ask the native model for the argmax alone (forward_argmax)
-        self._argmax_steps = isinstance(self.model, NativeLlamaModel)
-        # sampled rows drawn by the kernels (sk_sample.h), in single steps and in decode bursts alike
-        self._native_sampling = isinstance(self.model, NativeLlamaModel)
+        # the native model: steps whose rows all decode greedily ask it for the argmax alone
+        # (forward_argmax), and its kernels draw sampled rows (sk_sample.h), in single steps and bursts alike
+        self._native_steps = isinstance(self.model, NativeLlamaModel)
         self.burst_steps = 0  # decode steps run inside bursts of 2 or more
         if native_mode:
             self._warm_up()
@@ -326,21 +325,20 @@ class EngineCore:
 
     def _burst_steps(self) -> int:
         """How many decode steps the next step runs in one native call: more than 1 only while every
-        scheduled sequence decodes greedily with nothing else to schedule or handle, as many as fit in
+        scheduled sequence decodes one token a step (greedy, or sampled: the kernels draw its tokens,
+        sk_decode_sample) with nothing else to schedule or handle, as many as fit in
         decode_burst_ms at the measured step time, and none past a sequence's max_tokens or the
         model's length (a stop token ends the run in the native loop; a stop string or a finish
-        before the run's end costs the steps after it, discarded); 1 while the thread tuner explores.
-        Sampled sequences burst too where the kernels draw their tokens (sk_decode_sample)."""
+        before the run's end costs the steps after it, discarded); 1 while the thread tuner explores."""
         if not self._bursts or self._decode_step_s is None or self.scheduler.waiting or not self._inbox.empty():
             return 1
         if self._tuner is not None and self._tuner.explores_next(len(self.scheduler.running)):
             return 1  # a step of the other thread count is all an exploration needs
         n = int(self.options.decode_burst_ms / 1e3 / self._decode_step_s)
         for seq in self.scheduler.running:
-            p = seq.params
-            if seq.n_uncomputed != 1 or not (plain_greedy(p) or self._native_sampling):
+            if seq.n_uncomputed != 1:
                 return 1
-            n = min(n, p.max_tokens - seq.n_generated, self.max_model_len - len(seq.tokens))
+            n = min(n, seq.params.max_tokens - seq.n_generated, self.max_model_len - len(seq.tokens))
         return max(n, 1)
 
     def _observe_decode_step(self, seconds: float) -> None:
@@ -412,7 +410,7 @@ class EngineCore:
         argmax = None  # the tokens of a step whose every sampled row is plain greedy, where the model finds them
         if self.graphs is not None and not st.prefill and self.graphs.can_run(b.n_decode):
             logits = self.graphs.run(b.ids, b.positions, b.slots, b.block_tables, b.ctx_lens)
-        elif self._argmax_steps and sampled and all(not seq.draft and plain_greedy(seq.params) for seq, _ in sampled):
+        elif self._native_steps and sampled and all(not seq.draft and plain_greedy(seq.params) for seq, _ in sampled):
             logits, argmax = None, self.model.forward_argmax(b)
         else:
             logits = self.model.forward(b)
@@ -445,7 +443,7 @@ class EngineCore:
                 toks = argmax
             else:
                 rows_logits = logits if len(idx) == logits.shape[0] else logits[torch.tensor(idx, device=logits.device)]
-                if self._native_sampling:  # overwrites rows_logits: all of them only where no draft reads them
+                if self._native_steps:  # overwrites rows_logits: all of them only where no draft reads them
                     toks = self.model.sample_rows(rows_logits, [s.params for s in plain], [s.sample_seed for s in plain],
                                                   [len(s.tokens) - 1 for s in plain], [s.tokens for s in plain])
                 else:

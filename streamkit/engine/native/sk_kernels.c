@@ -1072,7 +1072,7 @@ static void sample_specs(sample_spec *spec, int S, int V, const float *temperatu
  * else a draw (sk_sample.h) with the row's top_k (0: off), top_p (1: off), repetition penalty (1:
  * off; seen: S rows of (V + 7) / 8 bytes, bit t of a row set for each token it came after; NULL
  * where no row has a penalty) and seed, at position pos[i] (the position of the token the row's
- * logits came from). Returns 0. */
+ * logits came from). Returns 0; -1 where memory for the settings could not be allocated. */
 SK_API int sk_sample_rows(float *logits, int S, int V, const float *temperature, const int32_t *top_k,
                           const float *top_p, const float *penalty, const uint64_t *seeds, const int32_t *pos,
                           const uint8_t *seen, int32_t *out, int nt) {
