@@ -165,7 +165,8 @@ def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1, repeats=3, bandwidt
     prompt), so only prompts running at the same time can share blocks (the chat template's system
     prompt); `prefix_hit_tokens_c16` says how many prompt tokens that saved at 16 streams.
 
-    Headline figures are medians: of n_b1 batch-1 runs, and of `repeats` runs per concurrency (a
+    Headline figures are medians: of n_b1 batch-1 runs (greedy, then as many sampled with SAMPLED's
+    settings: `ours_b1_sampled_tps`), and of `repeats` runs per concurrency (a
     16-stream run lasts about a second here, so one run mostly measures what else the machine is
     doing: 969 and 1261 tok/s in runs of the same code minutes apart). The best run is reported beside them.
     bandwidth: a callable sampled before each batch-1 run (ReadBandwidth), for the roofline."""
