@@ -145,7 +145,7 @@ def paired_llamacpp(model_path: str, device: str, opts: dict, prompt_ids, n_toke
     b1, c16 = [], []
     try:
         for r in range(rounds):
-            ours = bench_ours(eng, prompt_ids, n_tokens, [16], n_b1=5, repeats=1)
+            ours = bench_ours(eng, prompt_ids, n_tokens, [16], n_b1=5, repeats=1, sampled=False)
             peer = run_peer(spec, timeout=900, flag="--llamacpp-spec", name="llamacpp")
             if peer.get("llamacpp_b1_tps") and peer.get("llamacpp_c16_tps"):
                 b1.append(round(ours["ours_b1_tps"] / peer["llamacpp_b1_tps"], 2))
@@ -160,13 +160,13 @@ def paired_llamacpp(model_path: str, device: str, opts: dict, prompt_ids, n_toke
             "paired_ratio_llamacpp_c16": statistics.median(c16), "paired_ratio_llamacpp_c16_runs": c16}
 
 
-def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1, repeats=3, bandwidth=None):
+def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1, repeats=3, bandwidth=None, sampled=True):
     """Each measurement starts from an empty prefix cache (as the peer, which recomputes every
     prompt), so only prompts running at the same time can share blocks (the chat template's system
     prompt); `prefix_hit_tokens_c16` says how many prompt tokens that saved at 16 streams.
 
-    Headline figures are medians: of n_b1 batch-1 runs (greedy, then as many sampled with SAMPLED's
-    settings: `ours_b1_sampled_tps`), and of `repeats` runs per concurrency (a
+    Headline figures are medians: of n_b1 batch-1 runs (greedy, then with `sampled` as many with
+    SAMPLED's settings: `ours_b1_sampled_tps`), and of `repeats` runs per concurrency (a
     16-stream run lasts about a second here, so one run mostly measures what else the machine is
     doing: 969 and 1261 tok/s in runs of the same code minutes apart). The best run is reported beside them.
     bandwidth: a callable sampled before each batch-1 run (ReadBandwidth), for the roofline."""
@@ -192,15 +192,16 @@ def bench_ours(eng, prompt_ids, n_tokens, concurrency, n_b1, repeats=3, bandwidt
     out["ours_b1_tps_best"] = round(max(tps), 2)
     out["ttft_ms_p50"] = round(statistics.median(ttfts) * 1000, 1)
     log(f"ours b1: {out['ours_b1_tps']} tok/s, ttft p50 {out['ttft_ms_p50']} ms")
-    sampled = []
-    for i in range(n_b1):
-        core.drop_prefix_cache()
-        _, st = asyncio.run(_one(eng, prompt_ids[i % len(prompt_ids)], n_tokens,
-                                 lambda max_tokens, i=i: SP(max_tokens=max_tokens, seed=i, **SAMPLED)))
-        if len(st) > 1:
-            sampled.append((len(st) - 1) / (st[-1] - st[0]))
-    out["ours_b1_sampled_tps"] = round(statistics.median(sampled), 2)
-    log(f"ours b1 sampled ({SAMPLED}): {out['ours_b1_sampled_tps']} tok/s")
+    if sampled:  # the paired rounds compare greedy runs only
+        rates = []
+        for i in range(n_b1):
+            core.drop_prefix_cache()
+            _, st = asyncio.run(_one(eng, prompt_ids[i % len(prompt_ids)], n_tokens,
+                                     lambda max_tokens, i=i: SP(max_tokens=max_tokens, seed=i, **SAMPLED)))
+            if len(st) > 1:
+                rates.append((len(st) - 1) / (st[-1] - st[0]))
+        out["ours_b1_sampled_tps"] = round(statistics.median(rates), 2)
+        log(f"ours b1 sampled ({SAMPLED}): {out['ours_b1_sampled_tps']} tok/s")
     for c in concurrency:
         runs, stream_ttfts = [], []
         for _ in range(repeats):

@@ -1080,7 +1080,8 @@ SK_API int sk_sample_rows(float *logits, int S, int V, const float *temperature,
     if (!spec) return -1;
     sample_specs(spec, S, V, temperature, top_k, top_p, penalty, seeds, seen);
     for (int i = 0; i < S; i++) spec[i].pos = pos[i];
-    sample_rows(logits, S, V, spec, out, nt > 0 ? nt : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    sample_rows(logits, S, V, spec, out, nt);
     free(spec);
     return 0;
 }
@@ -1093,6 +1094,7 @@ static int decode_steps(sk_model *m, int S, int n_steps, const int32_t *ids0, co
                         const uint8_t *may_stop, sample_spec *spec, uint8_t *seen, float *logits, int32_t *out,
                         int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
     if (S <= 0 || n_steps <= 0) return -2;
+    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
     const int bs = m->block_size;
     for (int i = 0; i < S; i++)
         if (pos0[i] < 0 || (pos0[i] + n_steps - 1) / bs >= nb_stride) return -3;
@@ -1112,7 +1114,7 @@ static int decode_steps(sk_model *m, int S, int n_steps, const int32_t *ids0, co
         if (rc) break;
         if (spec) {
             for (int i = 0; i < S; i++) spec[i].pos = pos[i];
-            sample_rows(logits, S, m->vocab, spec, toks, nt > 0 ? nt : (int)sysconf(_SC_NPROCESSORS_ONLN));
+            sample_rows(logits, S, m->vocab, spec, toks, nt);
             for (int i = 0; i < S && seen; i++)
                 seen[(size_t)i * seen_stride(m->vocab) + (toks[i] >> 3)] |= (uint8_t)(1u << (toks[i] & 7));
         }
