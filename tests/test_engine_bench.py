@@ -109,6 +109,7 @@ def test_bench_step_last_logits_skips_the_head_on_all_but_one_row(capsys):
     assert result["rows24_few_row_int8_ms"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("xllamacpp") is None, reason="xllamacpp (the bench extra) not installed")
 def test_bench_engine_pairs_rounds_of_ours_and_llamacpp(capsys):
     """`--paired-rounds 2`: two rounds of ours then llama.cpp back to back, each round's ratios

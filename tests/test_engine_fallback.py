@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(default_model_path()), reason
 SCRIPT = Path(__file__).parent / "scripts" / "fallback_answers.py"
 
 
-@pytest.mark.parametrize("isa", ["AVX512_CORE_BF16", "AVX2"])
+@pytest.mark.parametrize("isa", ["AVX512_CORE_BF16", pytest.param("AVX2", marks=pytest.mark.slow)])
 def test_torch_formats_answer_as_fp32_does(isa):
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa}
     out = subprocess.run([sys.executable, str(SCRIPT), "fp32", "bf16", "int4+bf16"], env=env,

@@ -214,7 +214,9 @@ def _weights() -> str:
 
 
 @pytestmark_engine
-@pytest.mark.parametrize("weights", sorted({_weights(), "fp32"}))  # the native path, and the torch path CUDA runs
+# the native path, and the torch path CUDA runs (in the slow run where the native path is tested by default)
+@pytest.mark.parametrize("weights", ["native-fp32", pytest.param("fp32", marks=pytest.mark.slow)]
+                         if native.available() else ["fp32"])
 async def test_shared_system_prompt_is_prefilled_once_and_outputs_are_unchanged(weights):
     cold = Engine(default_model_path(), "cpu", weights=weights, prefix_caching=False)
     warm = Engine(default_model_path(), "cpu", weights=weights, kv_cache_tokens=4096)

@@ -60,7 +60,7 @@ def _generate(eng, prompts, concurrent=False):
 
 
 @needs_model
-@pytest.mark.parametrize("weights", ["native-fp32", "fp32"])
+@pytest.mark.parametrize("weights", ["native-fp32", pytest.param("fp32", marks=pytest.mark.slow)])  # torch: CUDA's path
 def test_greedy_output_is_identical_to_plain_decoding(weights):
     plain = Engine(default_model_path(), "cpu", weights=weights, kv_cache_tokens=4096)
     spec = Engine(default_model_path(), "cpu", weights=weights, kv_cache_tokens=4096, speculative="ngram",

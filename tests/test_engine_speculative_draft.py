@@ -127,7 +127,7 @@ def test_self_draft_sampling_accepts_every_draft_token_and_is_seeded():
 
 
 @needs_smollm
-@pytest.mark.parametrize("speculative", ["draft", "ngram"])
+@pytest.mark.parametrize("speculative", ["draft", pytest.param("ngram", marks=pytest.mark.slow)])
 def test_switching_between_drafting_and_plain_steps_keeps_plain_greedy_output(speculative):
     """The adaptive policy turns drafting off and on between steps (here every step or two, whatever
     the timings): the draft model then catches up over the tokens decoded plainly meanwhile, and
