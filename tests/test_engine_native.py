@@ -434,10 +434,47 @@ def test_head4_finds_the_largest_logit_its_copy_misses(rows, isa):
     assert tokens(pack("Q8_0", _negated(raw, n, k))) == exact.argmax(-1).tolist()
 
 
+def _copy4_q6k(wd: np.ndarray, n: int, k: int) -> np.ndarray:
+    """a Q6_K head's 4-bit copy as sk_head4.h's h4_superblock makes it (float32 steps, as in C): each
+    block of 32 in 16 levels from min(its smallest, 0), 6-bit scales and mins rounded up"""
+    v = wd.reshape(n, k // 256, 8, 32).astype(np.float32)
+    lo, hi = np.minimum(v.min(-1), 0), v.max(-1)
+    span, low = (hi - lo) / np.float32(15), -lo
+    d, dmin = span.max(-1, keepdims=True) / np.float32(63), low.max(-1, keepdims=True) / np.float32(63)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        us = np.where(d > 0, np.minimum(np.ceil(span / d), 63), 0).astype(np.float32)
+        um = np.where(dmin > 0, np.minimum(np.ceil(low / dmin), 63), 0).astype(np.float32)
+        s0, s1 = (d * us)[..., None], -(dmin * um)[..., None]
+        q = np.where(s0 > 0, np.clip(np.rint((v - s1) / s0), 0, 15), 0)
+    return (s0 * q + s1).reshape(n, k).astype(np.float64)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_head4_of_a_q6k_head_finds_the_largest_logit_its_copy_misses(rows, isa):
+    """A Q6_K head (the 1.5B's) gets a 4-bit copy in the kernels' Q4_K layout, and the columns its
+    rule cannot rule out exactly from the Q6_K blocks: rows moved to near ties that the copy's own
+    argmax misses (checked, so the test can fail) get the head's largest logit, `rows` at a time, at
+    1 and 2 threads; the copy is what the bench's roofline counts."""
+    rng = np.random.default_rng(10 + rows)
+    n, k = 16 * 13, 512
+    raw = random_blocks("Q6_K", n, k, rng)
+    wd = dequantize(raw, QT.Q6_K).reshape(n, k).astype(np.float64)
+    x = rng.standard_normal((24, k)).astype(np.float32)
+    x[:, rng.integers(0, k, 6)] *= rng.uniform(30, 60, 6).astype(np.float32)
+    x = _near_ties(x, wd, rng)
+    exact = x.astype(np.float64) @ wd.T
+    assert ((x.astype(np.float64) @ _copy4_q6k(wd, n, k).T).argmax(-1) != exact.argmax(-1)).any()
+    w, xt = pack("Q6_K", raw), torch.from_numpy(x)
+    for threads in (1, 2):
+        got = sum((_head4(w, xt[i:i + rows], isa, threads) for i in range(0, 24, rows)), [])
+        assert got == exact.argmax(-1).tolist(), threads
+    assert greedy_head_bytes(w) == n * (k // 256) * 152
+
+
 def test_head4_rows_and_threads_are_independent(isa):
     """A row's token is its own whatever the other rows and the thread count; a row of NaNs gets
     token 0 and an all-zero row (every logit tied, every column computed) its first column; a
-    format other than Q8_0 is refused."""
+    format other than Q8_0 and Q6_K is refused."""
     rng, w, wd, x = _head_and_odd_rows(6, 4, nan_row=1, zero_row=2)
     alone = [_head4(w, x[i:i + 1], isa)[0] for i in range(4)]
     assert alone[1] == 0 and alone[2] == 0

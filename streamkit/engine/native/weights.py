@@ -25,10 +25,13 @@ class PackedWeight:
 
 
 def greedy_head_bytes(head: PackedWeight) -> int:
-    """What a greedy step of few rows reads of the LM head: a Q8_0 head's 4-bit copy (Q4_1, 24 bytes
-    a block of 32; sk_head4.h's h4_format says which heads have one), else the head."""
-    if head.fmt == FORMATS["Q8_0"] and head.n % 16 == 0 and head.k % BLOCK == 0:
+    """What a greedy step of few rows reads of the LM head: its 4-bit copy where sk_head4.h's
+    h4_format keeps one (a Q8_0 head's in Q4_1, 24 bytes a block of 32; a Q6_K head's in the kernels'
+    Q4_K, 152 bytes a super-block of 256), else the head."""
+    if head.n % 16 == 0 and head.fmt == FORMATS["Q8_0"] and head.k % BLOCK == 0:
         return head.n * (head.k // BLOCK) * 24
+    if head.n % 16 == 0 and head.fmt == FORMATS["Q6_K"] and head.k % 256 == 0:
+        return head.n * (head.k // 256) * 152
     return head.nbytes
 
 
