@@ -113,29 +113,9 @@ static int h4_prepare_q6k(const sk_w *w, uint8_t *qs, float *sc, float *sigma) {
     return 0;
 }
 
-/* the copy of a Q8_0 or Q6_K head (w.qs NULL where the format is another or memory ran out) */
-static h4_head h4_prepare(const sk_w *w) {
-    h4_head h = {{w->fmt == SK_Q6_K ? SK_Q4_K : SK_Q4_1, w->n, w->k, NULL, NULL}, NULL};
-    if (!h4_format(w)) return h;
-    if (w->fmt == SK_Q6_K) {
-        const size_t ns = (size_t)w->n * (w->k / 256);
-        uint8_t *qs = stream_alloc(ns * 128);
-        float *sc = stream_alloc(ns * 24), *sigma = aligned_alloc(64, ((size_t)w->n * 4 + 63) / 64 * 64);
-        if (!qs || !sc || !sigma || h4_prepare_q6k(w, qs, sc, sigma)) {
-            free(qs); free(sc); free(sigma);
-            return h;
-        }
-        h.w.qs = qs, h.w.sc = sc, h.sigma = sigma;
-        return h;
-    }
+/* the copy of a Q8_0 head: each block's integers re-quantized by h4_block */
+static int h4_prepare_q8(const sk_w *w, uint8_t *qs, float *sc, float *sigma) {
     const int NB = w->k / 32;
-    const size_t nb = (size_t)w->n * NB;
-    uint8_t *qs = stream_alloc(nb * 16);
-    float *sc = stream_alloc(nb * 8), *sigma = aligned_alloc(64, ((size_t)w->n * 4 + 63) / 64 * 64);
-    if (!qs || !sc || !sigma) {
-        free(qs); free(sc); free(sigma);
-        return h;
-    }
     for (int c = 0; c < w->n; c++) {
         double r2 = 0.0;
         for (int kb = 0; kb < NB; kb++) {
@@ -144,9 +124,24 @@ static h4_head h4_prepare(const sk_w *w) {
         }
         sigma[c] = (float)sqrt(r2 / w->k);
     }
-    h.w.qs = qs;
-    h.w.sc = sc;
-    h.sigma = sigma;
+    return 0;
+}
+
+/* the copy of a Q8_0 or Q6_K head (w.qs NULL where the format is another or memory ran out): 4 bits
+ * a value in either layout, scales 8 bytes a block of 32 (Q4_1) or 24 a super-block of 256 (Q4_K) */
+static h4_head h4_prepare(const sk_w *w) {
+    const int q6k = w->fmt == SK_Q6_K;
+    h4_head h = {{q6k ? SK_Q4_K : SK_Q4_1, w->n, w->k, NULL, NULL}, NULL};
+    if (!h4_format(w)) return h;
+    const size_t values = (size_t)w->n * w->k;
+    uint8_t *qs = stream_alloc(values / 2);
+    float *sc = stream_alloc(q6k ? values / 256 * 24 : values / 32 * 8);
+    float *sigma = aligned_alloc(64, ((size_t)w->n * 4 + 63) / 64 * 64);
+    if (!qs || !sc || !sigma || (q6k ? h4_prepare_q6k : h4_prepare_q8)(w, qs, sc, sigma)) {
+        free(qs); free(sc); free(sigma);
+        return h;
+    }
+    h.w.qs = qs, h.w.sc = sc, h.sigma = sigma;
     return h;
 }
 
