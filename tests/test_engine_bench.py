@@ -13,7 +13,7 @@ import pytest
 from streamkit.bench.engine import main
 from streamkit.engine import default_model_path
 from streamkit.engine.chat_template import ChatTemplate
-from streamkit.engine.gguf_loader import read_metadata
+from streamkit.engine.gguf_file import read_metadata
 from streamkit.engine.reference import PROMPTS, chat
 from streamkit.engine.tokenizer import Tokenizer
 

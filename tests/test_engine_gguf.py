@@ -161,6 +161,27 @@ def test_native_repacks_are_bit_identical_to_gguf(kind):
     assert np.array_equal(native_dequantize(packed), dequantize(raw, QT[kind]).reshape(24, 512))
 
 
+@pytest.mark.skipif(not native.available(), reason=f"native kernels unavailable: {native.error()}")
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_0", "Q6_K", "Q5_K"])
+def test_draft_narrowing_to_q4_0_writes_what_gguf_writes(kind):
+    """The draft's Q4_0 narrowing (native kernels) against gguf-py's quantize(dequantize(...)), byte
+    for byte; rows of zeros and rows whose largest magnitude is negative included."""
+    from gguf.quants import quantize
+
+    from streamkit.engine.native.weights import requantize_q4_0
+
+    rng = np.random.default_rng(5)
+    if kind in ("Q8_0", "Q5_0"):
+        w = (rng.standard_normal((24, 512)) * rng.uniform(0.01, 0.5, (24, 1))).astype(np.float32)
+        w[3] = 0.0
+        w[4] = -np.abs(w[4])
+        raw = quantize(w, QT[kind])
+    else:
+        raw = random_blocks(kind, 24, 512, rng)
+    want = quantize(dequantize(raw, QT[kind]).reshape(24, 512), QT.Q4_0)
+    assert np.array_equal(requantize_q4_0(kind, raw, native.load()), want)
+
+
 def _native_matmul(w, x: torch.Tensor, amx_min_rows: int, y: torch.Tensor) -> torch.Tensor:
     y = y.clone()
     rc = native.load().sk_matmul(w.fmt, native.ptr(w.qs), native.ptr(w.sc), w.n, w.k, x.shape[0], native.ptr(x),

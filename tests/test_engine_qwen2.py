@@ -9,7 +9,7 @@ import torch
 
 from streamkit.engine import Engine, SamplingParams, native
 from streamkit.engine.chat_template import ChatTemplate
-from streamkit.engine.gguf_loader import read_metadata
+from streamkit.engine.gguf_file import read_metadata
 from streamkit.engine.model import StepBatch
 from streamkit.engine.model_store import (
     QWEN_1_5B,

@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 
 from streamkit.engine import Engine, SamplingParams, default_model_path
 from streamkit.engine.draft import DraftVocabularyError, check_vocabulary
-from streamkit.engine.gguf_loader import read_metadata
+from streamkit.engine.gguf_file import read_metadata
 from streamkit.engine.model_store import (
     QWEN_0_5B_DRAFT,
     QWEN_1_5B,

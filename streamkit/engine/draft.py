@@ -29,8 +29,10 @@ import numpy as np
 import torch
 
 from streamkit.engine.batch import build_step
-from streamkit.engine.gguf_loader import load_gguf, read_metadata
+from streamkit.engine.gguf_file import read_metadata
+from streamkit.engine.gguf_loader import load_gguf
 from streamkit.engine.kv_cache import PagedKVCache
+from streamkit.engine.native.weights import requantize_q4_0
 from streamkit.engine.sampling import sample_batch, target_probs
 from streamkit.engine.scheduler import ScheduledStep
 from streamkit.engine.sequence import Sequence, State
@@ -50,18 +52,14 @@ NARROW_TYPES = ("Q5_0", "Q8_0", "Q6_K", "Q5_K")
 NARROW_INT8_TERMS = 1
 
 
-def narrow_to_q4_0(blocks: dict[str, tuple[str, np.ndarray]]) -> int:
-    """Re-quantize a raw-loaded GGUF's matrices to Q4_0 in place; returns how many. Drafts need
-    not be exact: the target verifies every token, so a draft only trades acceptance for speed."""
-    import gguf
-    from gguf.quants import dequantize, quantize
-
+def narrow_to_q4_0(blocks: dict[str, tuple[str, np.ndarray]], lib) -> int:
+    """Re-quantize a raw-loaded GGUF's matrices to Q4_0 in place (by the native kernels of `lib`, as
+    gguf-py would: weights.requantize_q4_0); returns how many. Drafts need not be exact: the target
+    verifies every token, so a draft only trades acceptance for speed."""
     n = 0
     for name, (kind, data) in list(blocks.items()):
         if kind in NARROW_TYPES and name != "token_embd.weight" and data.shape[-1] > 0:
-            full = dequantize(data, gguf.GGMLQuantizationType[kind])
-            blocks[name] = ("Q4_0", quantize(np.ascontiguousarray(full, dtype=np.float32),
-                                             gguf.GGMLQuantizationType.Q4_0))
+            blocks[name] = ("Q4_0", requantize_q4_0(kind, data, lib))
             n += 1
     return n
 
@@ -104,7 +102,10 @@ class DraftRunner:
         native_mode = weights in NATIVE_MODES
         gm = load_gguf(path, raw=native_mode)
         if narrow and weights == "native":
-            log.info("engine: draft weights narrowed to Q4_0 (%d matrices)", narrow_to_q4_0(gm.blocks))
+            from streamkit.engine import native
+
+            n = narrow_to_q4_0(gm.blocks, native.load(native.resolve_isa(isa)))
+            log.info("engine: draft weights narrowed to Q4_0 (%d matrices)", n)
         if gm.config.vocab_size != target_vocab:
             raise DraftVocabularyError(f"{path} has {gm.config.vocab_size} logits per token; the target has "
                                        f"{target_vocab}")

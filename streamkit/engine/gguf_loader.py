@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,22 +15,9 @@ from streamkit.engine.architectures import (
     neox_to_interleaved,
 )
 from streamkit.engine.config import LlamaConfig
+from streamkit.engine.gguf_file import GGUFFile
 
 log = logging.getLogger("streamkit.engine")
-
-
-def _field_value(f):
-    try:
-        return f.contents()
-    except Exception:  # older gguf versions
-        import gguf
-
-        if f.types and f.types[0] == gguf.GGUFValueType.STRING:
-            return bytes(f.parts[f.data[0]]).decode("utf-8", "replace")
-        if f.types and f.types[0] == gguf.GGUFValueType.ARRAY:
-            return [f.parts[i].tolist()[0] if f.parts[i].size == 1 else bytes(f.parts[i]).decode("utf-8", "replace")
-                    for i in f.data]
-        return f.parts[f.data[0]].tolist()[0]
 
 
 @dataclass
@@ -43,13 +29,6 @@ class GGUFModel:
     tensor_types: dict[str, str] = field(default_factory=dict, repr=False)
     # raw=True: 2-D tensors as (block format, data) for the native kernels instead of float32 in `tensors`
     blocks: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict, repr=False)
-
-
-def read_metadata(path: str) -> dict:
-    import gguf
-
-    r = gguf.GGUFReader(path)
-    return {k: _field_value(f) for k, f in r.fields.items()}
 
 
 # the formats the native kernels read as stored (Q4_K, Q5_K, Q6_K and Q5_0 repacked exactly into
@@ -64,17 +43,16 @@ def load_gguf(path: str, *, progress: bool = True, raw: bool = False) -> GGUFMod
 
     raw=True (the native CPU path) keeps every 2-D tensor as stored for the native kernels
     (NATIVE_BLOCK_TYPES; F32 as float32) instead of dequantizing it."""
-    import gguf
     from gguf.quants import dequantize
 
     if not os.path.exists(path):
         raise FileNotFoundError(path)
     log.info("engine: reading GGUF %s (%.1f MB)", path, os.path.getsize(path) / 1e6)
     try:
-        r = gguf.GGUFReader(path)
-    except (ValueError, KeyError, IndexError, struct.error) as e:
+        r = GGUFFile(path)
+    except ValueError as e:  # GGUFFormatError
         raise UnsupportedModelError(f"{path} is not a readable GGUF file: {e}") from e
-    meta = {k: _field_value(f) for k, f in r.fields.items()}
+    meta = r.metadata
     cfg = config_from_metadata(meta, {t.name for t in r.tensors})
     for t in r.tensors:
         check_tensor_type(t.name, t.tensor_type.name)
@@ -85,7 +63,7 @@ def load_gguf(path: str, *, progress: bool = True, raw: bool = False) -> GGUFMod
     for i, t in enumerate(r.tensors):
         if progress and i and i % 50 == 0:
             log.info("engine: read %d/%d tensors", i, n)
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        shape = t.shape
         kind = t.tensor_type.name
         types[t.name] = kind
         heads = needs_qk_permute(cfg, t.name)

@@ -89,7 +89,7 @@ def _part_paths(m: PackagedModel) -> list[Path]:
 
 def check_gguf(path: str | os.PathLike, m: PackagedModel) -> None:
     """The file's own metadata must say what the pin says it is."""
-    from streamkit.engine.gguf_loader import read_metadata
+    from streamkit.engine.gguf_file import read_metadata
 
     meta = read_metadata(str(path))
     arch = meta.get("general.architecture")

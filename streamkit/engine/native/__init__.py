@@ -164,6 +164,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_greedy_head": ([I, P, P, I, I, I, P, P, I], I),
         "sk_head4_argmax": ([I, P, P, I, I, I, P, P, I, I, I], I),
         "sk_dequant": ([I, P, P, I, I, P], None),
+        "sk_repack": ([I, P, L, P, P], I),
+        "sk_requantize_q4_0": ([I, P, P, I, I, P], I),
+        "sk_repack_q5_0": ([P, L, P, P], None),
         "sk_read_sum": ([P, L, I], L),
     }
     for name, (args, res) in sig.items():

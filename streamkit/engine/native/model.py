@@ -126,10 +126,10 @@ class NativeLlamaModel:
             return PackedWeight(p.fmt, p.n, p.k, self._arena.place(p.qs), self._arena.place(p.sc))
 
         def w(name: str) -> PackedWeight:
-            return home(pack(*B[name]))
+            return home(pack(*B[name], lib))
 
         def fused(*names: str) -> list[PackedWeight]:
-            return [home(part) for part in stack([pack(*B[name]) for name in names])]
+            return [home(part) for part in stack([pack(*B[name], lib) for name in names])]
 
         def vec(name: str) -> np.ndarray:
             return np.ascontiguousarray(T[name], dtype=np.float32)

@@ -69,6 +69,7 @@
 #include "sk_pool.h"
 #include "sk_vec.h"
 #include "sk_dequant.h"
+#include "sk_repack.h"
 #include "sk_fma.h"
 #include "sk_gemv.h"
 #include "sk_greedy.h"
@@ -1002,11 +1003,11 @@ static int forward_rows(sk_model *m, int T, const int32_t *ids, const int32_t *p
         m->gh = gh_prepare(&m->head);
         m->gh_tried = 1;
     }
+    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (tokens && R < SK_GREEDY_MIN_ROWS && !m->h4_tried) { /* 24 bytes a block of 32 more */
-        m->h4 = h4_prepare(&m->head);
+        m->h4 = h4_prepare(&m->head, nt);
         m->h4_tried = 1;
     }
-    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
     forward_args f = {m, T, R, nb_stride, bf16_min_rows, i8_min_rows, i8_mask,
                       SK_AMX && g_amx && bf16_min_rows > 0 && (T >= bf16_min_rows || R >= bf16_min_rows),
                       ids, pos, tok_seq, tables, logit_rows, slots, logits, tokens};
@@ -1258,13 +1259,13 @@ SK_API int sk_head4_argmax(int fmt, const uint8_t *qs, const float *sc, int N, i
     head4_args a = {{fmt, N, K, qs, sc}, NULL, M, i8_min_rows, (i8_mask & 32) != 0, (i8_mask & SK_GEMV) != 0,
                     x, NULL, NULL, tokens};
     if (!h4_format(&a.head)) return -4;
-    h4_head h = h4_prepare(&a.head);
+    if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    h4_head h = h4_prepare(&a.head, nt);
     a.h = &h;
     a.logits = malloc((size_t)M * N * 4);
     a.xb = aligned_alloc(64, xb_elems(M, K) * 4);
     int rc = -1;
     if (h.w.qs && a.logits && a.xb) {
-        if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
         pool_run(head4_job, &a, nt);
         rc = 0;
     }
@@ -1305,6 +1306,39 @@ SK_API long sk_read_sum(const uint8_t *p, long n, int nt) {
 }
 
 /* rows [N][K] of a weight dequantized to fp32 exactly as the matmuls see them */
+/* n GGUF super-blocks of a K-quant (fmt SK_Q4_K, SK_Q5_K or SK_Q6_K), one after another at src, in
+ * the kernels' layout (sk_repack.h): qs n * 128 / 160 / 192 bytes, sc n * 6 floats. Returns 0; -2
+ * for another format. */
+SK_API int sk_repack(int fmt, const uint8_t *src, long n, uint8_t *qs, float *sc) {
+    for (long i = 0; i < n; i++) {
+        if (fmt == SK_Q4_K) rp_q4_k(src + i * RP_Q4_K_BYTES, qs + i * 128, sc + i * 6);
+        else if (fmt == SK_Q5_K) rp_q5_k(src + i * RP_Q5_K_BYTES, qs + i * 160, sc + i * 6);
+        else if (fmt == SK_Q6_K) rp_q6_k(src + i * RP_Q6_K_BYTES, qs + i * 192, sc + i * 6);
+        else return -2;
+    }
+    return 0;
+}
+
+/* n GGUF Q5_0 blocks at src as the kernels' Q8_0: qs n * 32 int8, d n floats (sk_repack.h) */
+SK_API void sk_repack_q5_0(const uint8_t *src, long n, int8_t *qs, float *d) {
+    for (long i = 0; i < n; i++) rp_q5_0(src + 22 * i, qs + 32 * i, d + i);
+}
+
+/* a weight in the kernels' layout (N rows of K values, K a multiple of 32) as GGUF Q4_0 blocks at out
+ * (K / 32 * 18 bytes a row): each row's values as sk_dequant gives them, quantized by sk_repack.h's
+ * rp_q4_0. Returns 0; -1 when memory could not be allocated. */
+SK_API int sk_requantize_q4_0(int fmt, const uint8_t *qs, const float *sc, int N, int K, uint8_t *out) {
+    const sk_w wt = {fmt, N, K, qs, sc};
+    float *row = malloc((size_t)K * 4);
+    if (!row) return -1;
+    for (int n = 0; n < N; n++) {
+        dq_row(&wt, n, row);
+        for (int b = 0; b < K / 32; b++) rp_q4_0(row + 32 * b, out + ((size_t)n * (K / 32) + b) * 18);
+    }
+    free(row);
+    return 0;
+}
+
 SK_API void sk_dequant(int fmt, const uint8_t *qs, const float *sc, int N, int K, float *out) {
     const sk_w wt = {fmt, N, K, qs, sc};
     for (int n = 0; n < N; n++) dq_row(&wt, n, out + (size_t)n * K);
