@@ -106,6 +106,7 @@ MALFORMED = {
     "partial block": (_header(infos=_info("w", (16, 2), ttype=8), n_tensors=1), "whole blocks of 32"),
     "unknown tensor type": (_header(infos=_info("w", (4, 2), ttype=1000), n_tensors=1), "unknown type 1000"),
     "bad alignment": (_header(_u32("general.alignment", 24), 1), "not a power of two"),
+    "duplicate tensor": (_header(infos=_info("w", (4, 2)) * 2, n_tensors=2) + b"\0" * 64, "'w' appears twice"),
     "data past the end": (GOOD_FILE[:-4], "run past the end"),
     "offset past the end": (_header(_u32("general.alignment", 32), 1, _info("w", (4, 2), offset=2**40), 1) + b"\0" * 64,
                             "run past the end"),

@@ -80,8 +80,13 @@ class GGUFFile:
                 raise self._error(f"metadata key {key!r} appears twice", at)
             self.metadata[key] = self._value(self._scalar(4, f"{key}'s type"), key)
         infos = [self._tensor_info() for _ in range(self._count(n_tensors, 24, "tensor infos"))]
+        names: set[str] = set()
+        for at, name, *_ in infos:
+            if name in names:
+                raise self._error(f"tensor {name!r} appears twice", at)
+            names.add(name)
         alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
             raise self._error(f"general.alignment {alignment!r} is not a power of two", self._pos)
         start = (self._pos + alignment - 1) // alignment * alignment
         self.tensors = [self._tensor(start, *info) for info in infos]

@@ -1305,7 +1305,6 @@ SK_API long sk_read_sum(const uint8_t *p, long n, int nt) {
     return (long)a.sum;
 }
 
-/* rows [N][K] of a weight dequantized to fp32 exactly as the matmuls see them */
 /* n GGUF super-blocks of a K-quant (fmt SK_Q4_K, SK_Q5_K or SK_Q6_K), one after another at src, in
  * the kernels' layout (sk_repack.h): qs n * 128 / 160 / 192 bytes, sc n * 6 floats. Returns 0; -2
  * for another format. */
@@ -1339,6 +1338,7 @@ SK_API int sk_requantize_q4_0(int fmt, const uint8_t *qs, const float *sc, int N
     return 0;
 }
 
+/* rows [N][K] of a weight dequantized to fp32 exactly as the matmuls see them */
 SK_API void sk_dequant(int fmt, const uint8_t *qs, const float *sc, int N, int K, float *out) {
     const sk_w wt = {fmt, N, K, qs, sc};
     for (int n = 0; n < N; n++) dq_row(&wt, n, out + (size_t)n * K);
