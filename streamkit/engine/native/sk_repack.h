@@ -3,7 +3,7 @@
  * the packed weights against gguf's dequantize bit for bit). And a draft model's weights narrowed to
  * GGUF Q4_0 blocks (draft.py), byte for byte as gguf-py's quantizer writes them. Done in numpy until
  * 2026-12-07: the repack of the 1.5B's 1,058 MB of Q4_K / Q6_K took 9.4 s of its 27 s load, the
- * 0.5B draft's narrowing 7.8 s (Intel Xeon with AMX); here ~0.7 and ~0.3 s.
+ * 0.5B draft's narrowing 7.8 s (Intel Xeon with AMX); here 0.73 and 0.6-0.8 s.
  * Included by sk_kernels.c only (after sk_dequant.h). */
 #ifndef SK_REPACK_H
 #define SK_REPACK_H
