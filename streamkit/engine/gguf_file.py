@@ -26,11 +26,10 @@ VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 
-# GGUF's metadata value types (gguf.GGUFValueType) -> struct format of one value
+# GGUF's metadata value types (gguf.GGUFValueType) -> struct format of one value, which is also the
+# numpy dtype an array of them is read as
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
-          7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 # tensor types stored as plain numbers, and their numpy types (as GGUFReader gives them); every
 # other type is blocks, read as uint8 [..., bytes of a row]
 _PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
@@ -129,9 +128,9 @@ class GGUFFile:
             raise self._error(f"{key} has unknown value type {vtype}", self._pos - 4)
         itype, at = self._scalar(4, f"{key}'s item type"), self._pos
         n = self._scalar(10, f"{key}'s length")
-        if itype in _NUMPY:  # numbers in bulk
-            raw = self._take(n * np.dtype(_NUMPY[itype]).itemsize, key)
-            return np.frombuffer(raw, dtype=np.dtype(_NUMPY[itype]).newbyteorder("<")).tolist()
+        if itype in _SCALARS:  # numbers in bulk
+            dtype = np.dtype(_SCALARS[itype])
+            return np.frombuffer(self._take(n * dtype.itemsize, key), dtype=dtype).tolist()
         if itype == _STRING:
             self._count(n, 8, f"strings of {key}")
             return [self._string(f"item {i} of {key}") for i in range(n)]

@@ -57,7 +57,7 @@ static double h4_block(const int8_t *q, float d, uint8_t *nib, float *s, float *
         const double r = (double)d * q[k] - ((double)*s * v + (double)*m);
         r2 += r * r;
     }
-    for (int j = 0; j < 16; j++) nib[j] = (uint8_t)(u[j] | u[j + 16] << 4);
+    rp_nibbles(u, nib);
     return r2;
 }
 
@@ -85,7 +85,7 @@ static void h4_superblock(const float *v, uint8_t *nib, float *sc, float *out) {
             q[k] = (uint8_t)(r < 0 ? 0 : r > 15 ? 15 : r);
             out[32 * j + k] = s0 * (float)q[k] + s1;
         }
-        for (int k = 0; k < 16; k++) nib[16 * j + k] = (uint8_t)(q[k] | q[k + 16] << 4);
+        rp_nibbles(q, nib + 16 * j);
     }
 }
 

@@ -24,7 +24,8 @@ static float rp_f16(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* 32 values 0..15 as Q4_1's 16 nibble bytes: value i low, value i + 16 high */
+/* 32 values 0..15 as Q4_1's 16 nibble bytes: value i low, value i + 16 high (the repacks here and
+ * sk_head4.h's copies) */
 static void rp_nibbles(const uint8_t *v, uint8_t *out) {
     for (int i = 0; i < 16; i++) out[i] = (uint8_t)((v[i] & 15) | (v[i + 16] & 15) << 4);
 }
