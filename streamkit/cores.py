@@ -20,14 +20,16 @@ import functools
 import os
 import threading
 import time
+import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 _cond = threading.Condition()
 _held = 0  # threads held by compute outside the engine
 _urgent = 0  # holders the engine pauses for
 _waiting = 0  # threads blocked in wait_urgent
 _changes = 0  # holds begun or ended so far: a step that saw it change ran contended
+_listeners: list[weakref.WeakMethod] = []  # told of each hold begun or ended (on_change)
 
 
 @functools.cache
@@ -74,6 +76,7 @@ def hold(threads: int, urgent: bool = False) -> Iterator[None]:
         _held += threads
         _urgent += int(urgent)
         _changes += 1
+    _tell_listeners()
     try:
         yield
     finally:
@@ -82,6 +85,24 @@ def hold(threads: int, urgent: bool = False) -> Iterator[None]:
             _urgent -= int(urgent)
             _changes += 1
             _cond.notify_all()
+        _tell_listeners()
+
+
+def on_change(method: Callable[[], None]) -> None:
+    """Call `method()` each time a hold begins or ends, on the thread that begins or ends it: the
+    engine ends a decode burst there, so its next step runs with the cores as they are now. A
+    bound method, held weakly (its object going away unregisters it); it must be quick."""
+    with _cond:
+        _listeners.append(weakref.WeakMethod(method))
+
+
+def _tell_listeners() -> None:
+    with _cond:
+        methods = [m() for m in _listeners]
+        _listeners[:] = [ref for ref, m in zip(_listeners, methods) if m is not None]
+    for m in methods:
+        if m is not None:
+            m()
 
 
 def held() -> int:

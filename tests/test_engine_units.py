@@ -258,6 +258,38 @@ def test_thread_tuner_leaves_held_cores_and_skips_contended_steps():
         torch.set_num_threads(before)
 
 
+def test_cores_tell_their_listeners_of_each_hold_and_forget_the_gone():
+    """cores.on_change: a bound method called as each hold begins and ends (the engine ends a decode
+    burst there), held weakly so a listener that goes away is dropped, not called."""
+    import gc
+    import weakref
+
+    from streamkit import cores
+
+    class Listener:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def changed(self) -> None:
+            self.calls += 1
+
+    listener = Listener()
+    cores.on_change(listener.changed)
+    with cores.hold(1):
+        assert listener.calls == 1
+        with cores.hold(1, urgent=True):
+            assert listener.calls == 2
+        assert listener.calls == 3
+    assert listener.calls == 4
+    gone = weakref.ref(listener)
+    del listener
+    gc.collect()
+    assert gone() is None
+    with cores.hold(1):
+        pass
+    assert all(ref() is not None for ref in cores._listeners)
+
+
 def test_thread_tuner_counts_neither_warm_up_nor_waking_workers():
     """The first step of a size at a setting (its buffers' first touch) is not counted, nor, once a
     warm step has measured a setting, a step that starts workers idle since fewer threads ran: with

@@ -23,7 +23,7 @@ from streamkit.engine.kv_cache import PagedKVCache, kv_bytes_per_token
 from streamkit.engine.linear import resolve_weights
 from streamkit.engine.model import LlamaModel, StepBatch
 from streamkit.engine.native.model import MODES as NATIVE_MODES
-from streamkit.engine.native.model import NativeLlamaModel
+from streamkit.engine.native.model import NativeLlamaModel, StopFlag
 from streamkit.engine.options import resolve_options
 from streamkit.engine.output import OutputProcessor
 from streamkit.engine.sampling import make_generator, plain_greedy, sample_batch
@@ -36,6 +36,14 @@ from streamkit.engine.tokenizer import IncrementalDecoder, Tokenizer
 from streamkit.engine.wakeups import BatchedWakeups
 
 log = logging.getLogger("streamkit.engine")
+
+# The longest decode burst (EngineCore._burst_steps), in steps and in seconds at the measured step
+# time. A burst hands its tokens to the streams every decode_burst_ms and ends at once for a new
+# request, a cancellation or another stage taking cores, so these only bound the KV blocks it
+# reserves ahead and how long the thread tuner waits to explore; beyond ~64 steps the native
+# call's start (~0.3-0.5 ms) no longer shows.
+BURST_MAX_STEPS = 64
+BURST_MAX_S = 0.5
 
 
 class EngineCore:
@@ -132,6 +140,9 @@ class EngineCore:
         self._recent: deque = deque(maxlen=256)
         # decode bursts (_burst_steps): the native model, no drafts to verify between steps
         self._bursts = isinstance(self.model, NativeLlamaModel) and not self.speculative and opts.decode_burst_ms > 0
+        self._burst_stop = StopFlag()  # set: end the burst under way after its step (something to schedule)
+        if self._bursts:
+            cores.on_change(self._burst_stop.set)
         self._decode_step_s: float | None = None  # moving average of a decode step's seconds
         # the native model: steps whose rows all decode greedily ask it for the argmax alone
         # (forward_argmax), and its kernels draw sampled rows (sk_sample.h), in single steps and bursts alike
@@ -170,21 +181,26 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self._stop.set()
-        self._inbox.put(("wake", None))
+        self._post("wake", None)
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
 
+    def _post(self, kind: str, payload: object) -> None:
+        """A message for the engine thread; a decode burst under way ends after its step to take it."""
+        self._inbox.put((kind, payload))
+        self._burst_stop.set()
+
     def submit(self, seq: Sequence) -> None:
-        self._inbox.put(("add", seq))
+        self._post("add", seq)
 
     def cancel(self, seq_id: int) -> None:
-        self._inbox.put(("cancel", seq_id))
+        self._post("cancel", seq_id)
 
     def drop_prefix_cache(self) -> None:
         """Forget the cached prefix blocks nobody holds, before the requests submitted after this
         call (benchmarks measure each run from a cold cache)."""
-        self._inbox.put(("drop_prefix_cache", None))
+        self._post("drop_prefix_cache", None)
 
     # ---------------------------------------------------------------- stats
     def stats(self) -> dict:
@@ -287,12 +303,16 @@ class EngineCore:
         """Wait while urgent compute holds the cores (streamkit.cores), at most urgent_pause_s; after
         a wait, run at least as long before waiting again. Many sessions' urgent work can overlap
         without a gap: the engine keeps half of the time for their translations."""
-        now = time.monotonic()
-        if self.options.urgent_pause_s > 0 and cores.urgent() and now >= self._urgent_owed_until:
+        if self._urgent_due():
             waited = cores.wait_urgent(self.options.urgent_pause_s)
             self.urgent_pauses += 1
             self.urgent_paused_s += waited
             self._urgent_owed_until = time.monotonic() + waited
+
+    def _urgent_due(self) -> bool:
+        """Whether the engine waits for urgent compute before its next step (_yield_to_urgent)."""
+        return (self.options.urgent_pause_s > 0 and cores.urgent() > 0
+                and time.monotonic() >= self._urgent_owed_until)
 
     # ---------------------------------------------------------------- one step
     def _propose(self) -> tuple[int, bool, bool]:
@@ -326,15 +346,18 @@ class EngineCore:
     def _burst_steps(self) -> int:
         """How many decode steps the next step runs in one native call: more than 1 only while every
         scheduled sequence decodes one token a step (greedy, or sampled: the kernels draw its tokens,
-        sk_decode_sample) with nothing else to schedule or handle, as many as fit in
-        decode_burst_ms at the measured step time, and none past a sequence's max_tokens or the
-        model's length (a stop token ends the run in the native loop; a stop string or a finish
-        before the run's end costs the steps after it, discarded); 1 while the thread tuner explores."""
-        if not self._bursts or self._decode_step_s is None or self.scheduler.waiting or not self._inbox.empty():
+        sk_decode_sample) with nothing else to schedule or handle, up to BURST_MAX_STEPS and
+        BURST_MAX_S at the measured step time, and none past a sequence's max_tokens or the model's
+        length (a stop token ends the run in the native loop; a stop string or a finish before the
+        run's end ends it at the next hand-over); 1 while the thread tuner explores."""
+        if not self._bursts or self._decode_step_s is None:
+            return 1
+        self._burst_stop.clear()  # before the checks: whatever arrives after them ends the burst
+        if self.scheduler.waiting or not self._inbox.empty() or self._urgent_due():
             return 1
         if self._tuner is not None and self._tuner.explores_next(len(self.scheduler.running)):
             return 1  # a step of the other thread count is all an exploration needs
-        n = int(self.options.decode_burst_ms / 1e3 / self._decode_step_s)
+        n = min(BURST_MAX_STEPS, int(BURST_MAX_S / self._decode_step_s))
         for seq in self.scheduler.running:
             if seq.n_uncomputed != 1:
                 return 1
@@ -346,41 +369,66 @@ class EngineCore:
         self._decode_step_s = seconds if old is None else 0.7 * old + 0.3 * seconds
 
     def _decode_burst(self, n: int) -> bool:
-        """n greedy decode steps of every running sequence in one native call (fewer when a stop
-        token ends it); False, having run nothing, when the cache cannot hold n more tokens for all."""
+        """Up to n decode steps of every running sequence in one native call, their tokens handed to
+        the streams every decode_burst_ms as it runs (fewer steps when a stop token, a finished
+        sequence or a message for the engine thread ends it); False, having run nothing, when the
+        cache cannot hold the steps of one hand-over for all."""
         seqs = list(self.scheduler.running)
+        every = max(1, int(self.options.decode_burst_ms / 1e3 / self._decode_step_s))
         if not all(self.cache.ensure_capacity(s.blocks, s.num_computed + n) for s in seqs):
-            return False
+            n = min(n, every)  # the pool is short: reserve no more than one hand-over's blocks
+            if n < 2 or not all(self.cache.ensure_capacity(s.blocks, s.num_computed + n) for s in seqs):
+                return False
         if self._tuner is not None:
             self._tuner.before(len(seqs))
+        handed = 0
+        handing_s = 0.0  # spent in hand-overs, not in steps
+
+        def hand_over(toks) -> bool:  # between two steps of the native loop, on this thread
+            nonlocal handed, handing_s
+            t = time.perf_counter()
+            self._accept_burst(seqs, toks[handed:])
+            handed = len(toks)
+            self.delivery.flush()
+            handing_s += time.perf_counter() - t
+            return any(s.state is not State.RUNNING for s in seqs)  # a stop string, say: schedule again
+
         t0 = time.perf_counter()
         args = ([s.tokens[s.num_computed] for s in seqs], [s.num_computed for s in seqs], [s.blocks for s in seqs], n,
                 self.tokenizer.stop_ids, [not s.ignore_eos for s in seqs])
+        run = dict(stop=self._burst_stop, deliver_every=every, on_tokens=hand_over)
         if all(plain_greedy(s.params) for s in seqs):
-            toks = self.model.decode_greedy(*args)
+            toks = self.model.decode_greedy(*args, **run)
         else:
             toks = self.model.decode_sample(*args, [s.params for s in seqs], [s.sample_seed for s in seqs],
-                                            [s.tokens for s in seqs])
-        per_step = (time.perf_counter() - t0) / len(toks)
+                                            [s.tokens for s in seqs], **run)
+        per_step = (time.perf_counter() - t0 - handing_s) / len(toks)
         if self._tuner is not None:
             self._tuner.observe(per_step, len(seqs))
         self._observe_decode_step(per_step)
+        self._accept_burst(seqs, toks[handed:])
+        self.burst_steps += len(toks)
+        self.last_batch_size = len(seqs)
+        return True
+
+    def _accept_burst(self, seqs: list[Sequence], toks) -> None:
+        """A burst's tokens [steps, sequences] to their sequences: the K/V of each step's input is in
+        the cache; a sequence finished earlier in the burst discards the rest."""
+        if not len(toks):
+            return
         now = time.perf_counter()
         produced = 0
         for row in toks.tolist():
             for seq, tok in zip(seqs, row):
-                if seq.state is not State.RUNNING:  # finished earlier in this run: the rest is discarded
+                if seq.state is not State.RUNNING:
                     continue
                 seq.num_computed += 1
                 self.cache.register_computed(seq.tokens, seq.blocks, seq.block_keys, seq.num_computed)
                 self.output.accept(seq, tok, now)
                 produced += 1
         self.steps += len(toks)
-        self.burst_steps += len(toks)
-        self.last_batch_size = len(seqs)
         self._recent.append((now, produced))
         self.tokens_generated += produced
-        return True
 
     def step(self) -> None:
         n = self._burst_steps()

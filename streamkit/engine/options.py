@@ -41,9 +41,9 @@ class EngineOptions:
     # the longest a CPU engine waits before a step while urgent compute (streamkit.cores: the
     # first spoken piece of an answer, an ASR final) runs; 0: never waits
     urgent_pause_s: float
-    # the longest run of greedy decode steps the native model makes in one call while nothing else
-    # is scheduled (EngineCore._burst_steps): each step's Python bookkeeping and each hand-off of its
-    # tokens to the consumers' event loops then come once a run; 0: one step a call
+    # while nothing else is scheduled the native model runs decode steps in one call (a decode
+    # burst, EngineCore._decode_burst), handing their tokens to the streams every decode_burst_ms
+    # as it goes; 0: one step a call, no bursts
     decode_burst_ms: float
 
 
@@ -58,7 +58,7 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b"  # the 1.5B's packaged draft (model_store.Q
 # run (docs/engine.md, *k = 2, stopping below 0.8*). n-gram proposals have no probabilities.
 DEFAULT_SPEC_K = {"ngram": 4, "draft": 2}
 DEFAULT_DRAFT_STOP_P = 0.8
-# tokens then reach a stream in runs of at most ~one display frame
+# tokens then reach a stream in runs of about one display frame
 DEFAULT_DECODE_BURST_MS = 16.0
 
 

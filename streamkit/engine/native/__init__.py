@@ -141,8 +141,12 @@ def _build(cc: str, isa: str, flags: list[str]) -> Path:
     return out
 
 
+# sk_deliver_fn: a decode loop's hand-over between two of its steps (the steps run so far; nonzero ends it)
+DELIVER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+    P, I, F, L, D = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long, DELIVER
     sig = {
         "sk_init": ([], I),
         "sk_gemv_chunks": ([I], I),
@@ -157,8 +161,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "sk_model_set_kv": ([P, P, P, L, I, I, P, P], I),
         "sk_forward": ([P, I, P, P, P, P, P, I, I, P, P, I, I, I, I], I),
         "sk_forward_argmax": ([P, I, P, P, P, P, P, I, I, P, P, P, I, I, I, I], I),
-        "sk_decode_greedy": ([P, I, I, P, P, P, I, P, I, P, P, P, I, I, I, I], I),
-        "sk_decode_sample": ([P, I, I, P, P, P, I, P, I, P, P, P, P, P, P, P, P, P, I, I, I, I], I),
+        "sk_decode_greedy": ([P, I, I, P, P, P, I, P, I, P, P, P, I, I, I, I, P, I, D], I),
+        "sk_decode_sample": ([P, I, I, P, P, P, I, P, I, P, P, P, P, P, P, P, P, P, I, I, I, I, P, I, D], I),
         "sk_sample_rows": ([P, I, I, P, P, P, P, P, P, P, P, I], I),
         "sk_matmul": ([I, P, P, I, I, I, P, P, I, I, I, I, I], I),
         "sk_greedy_head": ([I, P, P, I, I, I, P, P, I], I),

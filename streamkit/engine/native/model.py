@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Callable
 
 import numpy as np
 import torch
@@ -75,6 +76,23 @@ def _raise_for(rc: int) -> None:
         raise RuntimeError("the native model's fused QKV or gate+up lacks parts (sk_model_add_part)")
     if rc != 0:
         raise MemoryError("native forward could not allocate its scratch buffers")
+
+
+class StopFlag:
+    """A word the native decode loop reads after each step: set() from any thread ends a running
+    decode_greedy / decode_sample after the step under way; the caller clear()s it before the next."""
+
+    def __init__(self) -> None:
+        self.word = np.zeros(1, np.int32)
+
+    def set(self) -> None:
+        self.word[0] = 1
+
+    def clear(self) -> None:
+        self.word[0] = 0
+
+    def is_set(self) -> bool:
+        return bool(self.word[0])
 
 
 class NativeLlamaModel:
@@ -294,13 +312,14 @@ class NativeLlamaModel:
 
     def _decode_args(self, ids: list[int], positions: list[int], block_tables: list[list[int]], stop_ids: list[int],
                      may_stop: list[bool]) -> tuple:
-        """sk_decode_greedy's arrays from ids to may_stop: ids, positions, tables, its width, stops, may"""
+        """sk_decode_greedy's arguments from ids to may_stop: ids, positions, tables, its width, stops (a
+        placeholder where there are none), their count, may"""
         width = max(len(t) for t in block_tables)
         tables = np.zeros((len(ids), width), np.int32)
         for i, t in enumerate(block_tables):
             tables[i, :len(t)] = t
         return (np.asarray(ids, np.int32), np.asarray(positions, np.int32), tables, width,
-                np.asarray(sorted(stop_ids) or [0], np.int32), np.asarray(may_stop, np.uint8))
+                np.asarray(sorted(stop_ids) or [0], np.int32), len(stop_ids), np.asarray(may_stop, np.uint8))
 
     def sample_rows(self, logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int],
                     prevs: list[list[int]]) -> list[int]:
@@ -309,36 +328,55 @@ class NativeLlamaModel:
 
     @torch.inference_mode()
     def decode_greedy(self, ids: list[int], positions: list[int], block_tables: list[list[int]], n_steps: int,
-                      stop_ids: list[int], may_stop: list[bool]) -> np.ndarray:
+                      stop_ids: list[int], may_stop: list[bool], stop: StopFlag | None = None, deliver_every: int = 0,
+                      on_tokens: Callable[[np.ndarray], bool] | None = None) -> np.ndarray:
         """Up to n_steps greedy decode steps of len(ids) sequences in one native call (sk_decode_greedy):
         sequence i feeds ids[i] at positions[i] and then each token it produces. Its block table must
         cover positions[i] + n_steps - 1. Stops early after a step in which a sequence with may_stop
-        produced one of stop_ids. Returns the tokens, [steps run, sequences]."""
-        S = len(ids)
-        ids_a, pos_a, tables, width, stops, may = self._decode_args(ids, positions, block_tables, stop_ids, may_stop)
-        out = np.empty((n_steps, S), np.int32)
-        P = native.ptr
-        rc = self._lib.sk_decode_greedy(self._m, S, n_steps, P(ids_a), P(pos_a), P(tables), width, P(stops),
-                                        len(stop_ids), P(may), P(self._logits_for(S, True)), P(out), self.bf16_min_rows,
-                                        self.int8_min_rows, self.int8_mask, torch.get_num_threads())
-        return self._decoded(rc, n_steps, out)
+        produced one of stop_ids, or after one that found `stop` set. Every `deliver_every` steps short
+        of the last, on_tokens(the tokens so far, [steps, sequences]) runs on this thread between two
+        steps (it must not call the kernels: their threads are this call's); a true return ends the
+        call there. Returns the tokens, [steps run, sequences]."""
+        args = self._decode_args(ids, positions, block_tables, stop_ids, may_stop)
+        return self._decode(self._lib.sk_decode_greedy, n_steps, args, (), stop, deliver_every, on_tokens)
 
     @torch.inference_mode()
     def decode_sample(self, ids: list[int], positions: list[int], block_tables: list[list[int]], n_steps: int,
                       stop_ids: list[int], may_stop: list[bool], params: list[SamplingParams], seeds: list[int],
-                      prevs: list[list[int]]) -> np.ndarray:
+                      prevs: list[list[int]], stop: StopFlag | None = None, deliver_every: int = 0,
+                      on_tokens: Callable[[np.ndarray], bool] | None = None) -> np.ndarray:
         """decode_greedy with each sequence's tokens drawn as sample_rows draws them (sk_decode_sample):
         every logit of each step, so a decode burst of sampled sequences runs in one native call."""
-        S = len(ids)
-        ids_a, pos_a, tables, width, stops, may = self._decode_args(ids, positions, block_tables, stop_ids, may_stop)
+        args = self._decode_args(ids, positions, block_tables, stop_ids, may_stop)
         arrays = sampling_arrays(params, seeds, prevs, self.cfg.vocab_size)
-        out = np.empty((n_steps, S), np.int32)
         P = native.ptr
-        rc = self._lib.sk_decode_sample(self._m, S, n_steps, P(ids_a), P(pos_a), P(tables), width, P(stops),
-                                        len(stop_ids), P(may), *(P(a) for a in arrays[:5]),
-                                        P(arrays[5]) if arrays[5] is not None else None,
-                                        P(self._logits_for(S, True)), P(out), self.bf16_min_rows,
-                                        self.int8_min_rows, self.int8_mask, torch.get_num_threads())
+        sampling = (*(P(a) for a in arrays[:5]), P(arrays[5]) if arrays[5] is not None else None)
+        return self._decode(self._lib.sk_decode_sample, n_steps, args, sampling, stop, deliver_every, on_tokens)
+
+    def _decode(self, entry, n_steps: int, args: tuple, sampling: tuple, stop: StopFlag | None, deliver_every: int,
+                on_tokens: Callable[[np.ndarray], bool] | None) -> np.ndarray:
+        """One sk_decode_greedy / sk_decode_sample call: _decode_args' arrays, the sampling arrays
+        (decode_sample's), then the scratch, the output and the loop's stop flag and hand-overs."""
+        ids_a, pos_a, tables, width, stops, n_stop, may = args
+        S = len(ids_a)
+        out = np.empty((n_steps, S), np.int32)
+        failed: list[BaseException] = []
+
+        def deliver(steps: int) -> int:
+            try:
+                return int(bool(on_tokens(out[:steps])))
+            except BaseException as e:  # ctypes would print it and carry on: end the loop, raise it below
+                failed.append(e)
+                return 1
+
+        hand_over = native.DELIVER(deliver) if on_tokens is not None and deliver_every > 0 else native.DELIVER()
+        P = native.ptr
+        rc = entry(self._m, S, n_steps, P(ids_a), P(pos_a), P(tables), width, P(stops), n_stop, P(may), *sampling,
+                   P(self._logits_for(S, True)), P(out), self.bf16_min_rows, self.int8_min_rows, self.int8_mask,
+                   torch.get_num_threads(), P(stop.word) if stop is not None else None,
+                   deliver_every if hand_over else 0, hand_over)
+        if failed:
+            raise failed[0]
         return self._decoded(rc, n_steps, out)
 
     @staticmethod

@@ -1087,13 +1087,20 @@ SK_API int sk_sample_rows(float *logits, int S, int V, const float *temperature,
     return 0;
 }
 
+/* what a decode loop is handed between two of its steps: the steps run so far (their tokens in
+ * out[0 .. steps)); nonzero ends the loop there */
+typedef int (*sk_deliver_fn)(int steps);
+
 /* up to n_steps decode steps of S sequences (sk_decode_greedy); spec NULL: each token the argmax
  * (the greedy heads), else sampled as sk_sample_rows from every logit, each row's seen bits (spec's,
- * in `seen`) taking the tokens it produces */
+ * in `seen`) taking the tokens it produces. After each step the loop ends if *stop_flag (NULL: none)
+ * is nonzero, which another thread may set at any time; every `deliver_every` steps short of the
+ * last it calls deliver (NULL: never), which may end it too. */
 static int decode_steps(sk_model *m, int S, int n_steps, const int32_t *ids0, const int32_t *pos0,
                         const int32_t *tables, int nb_stride, const int32_t *stop_ids, int n_stop,
                         const uint8_t *may_stop, sample_spec *spec, uint8_t *seen, float *logits, int32_t *out,
-                        int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
+                        int bf16_min_rows, int i8_min_rows, int i8_mask, int nt, const int32_t *stop_flag,
+                        int deliver_every, sk_deliver_fn deliver) {
     if (S <= 0 || n_steps <= 0) return -2;
     if (nt <= 0) nt = (int)sysconf(_SC_NPROCESSORS_ONLN);
     const int bs = m->block_size;
@@ -1124,6 +1131,9 @@ static int decode_steps(sk_model *m, int S, int n_steps, const int32_t *ids0, co
             for (int j = 0; j < n_stop && may_stop[i]; j++) stopped |= tok == stop_ids[j];
         }
         s++;
+        if (stopped || s == n_steps) break;
+        if (stop_flag && __atomic_load_n(stop_flag, __ATOMIC_ACQUIRE)) break;
+        if (deliver && deliver_every > 0 && s % deliver_every == 0 && deliver(s)) break;
     }
     free(slots);
     return rc ? rc : s;
@@ -1134,14 +1144,18 @@ static int decode_steps(sk_model *m, int S, int n_steps, const int32_t *ids0, co
  * pos0[i]; its block table (tables[i], nb_stride entries) must already cover position
  * pos0[i] + n_steps - 1. Writes out[s][i] and returns the number of steps run: it stops after a
  * step in which a sequence with may_stop[i] set produced one of stop_ids (n_stop of them), so the
- * caller can finish it. Also -1 / -2 as sk_forward, -3 when a table does not cover the positions.
+ * caller can finish it, after a step that found *stop_flag set (NULL: no flag; another thread
+ * sets it: a request to schedule), or where deliver(steps run), called every deliver_every steps
+ * short of the last (NULL: never; the caller hands out[0 .. steps) to its streams meanwhile),
+ * returns nonzero. Also -1 / -2 as sk_forward, -3 when a table does not cover the positions.
  * logits: scratch [S][vocab]. */
 SK_API int sk_decode_greedy(sk_model *m, int S, int n_steps, const int32_t *ids0, const int32_t *pos0,
                             const int32_t *tables, int nb_stride, const int32_t *stop_ids, int n_stop,
                             const uint8_t *may_stop, float *logits, int32_t *out, int bf16_min_rows,
-                            int i8_min_rows, int i8_mask, int nt) {
+                            int i8_min_rows, int i8_mask, int nt, const int32_t *stop_flag, int deliver_every,
+                            sk_deliver_fn deliver) {
     return decode_steps(m, S, n_steps, ids0, pos0, tables, nb_stride, stop_ids, n_stop, may_stop, NULL, NULL, logits,
-                        out, bf16_min_rows, i8_min_rows, i8_mask, nt);
+                        out, bf16_min_rows, i8_min_rows, i8_mask, nt, stop_flag, deliver_every, deliver);
 }
 
 /* sk_decode_greedy with each sequence's token drawn as sk_sample_rows draws it (its settings in
@@ -1151,13 +1165,15 @@ SK_API int sk_decode_sample(sk_model *m, int S, int n_steps, const int32_t *ids0
                             const int32_t *tables, int nb_stride, const int32_t *stop_ids, int n_stop,
                             const uint8_t *may_stop, const float *temperature, const int32_t *top_k,
                             const float *top_p, const float *penalty, const uint64_t *seeds, uint8_t *seen,
-                            float *logits, int32_t *out, int bf16_min_rows, int i8_min_rows, int i8_mask, int nt) {
+                            float *logits, int32_t *out, int bf16_min_rows, int i8_min_rows, int i8_mask, int nt,
+                            const int32_t *stop_flag, int deliver_every, sk_deliver_fn deliver) {
     if (S <= 0) return -2;
     sample_spec *spec = malloc((size_t)S * sizeof *spec);
     if (!spec) return -1;
     sample_specs(spec, S, m->vocab, temperature, top_k, top_p, penalty, seeds, seen);
     const int rc = decode_steps(m, S, n_steps, ids0, pos0, tables, nb_stride, stop_ids, n_stop, may_stop, spec, seen,
-                                logits, out, bf16_min_rows, i8_min_rows, i8_mask, nt);
+                                logits, out, bf16_min_rows, i8_min_rows, i8_mask, nt, stop_flag, deliver_every,
+                                deliver);
     free(spec);
     return rc;
 }
