@@ -174,13 +174,14 @@ def test_a_request_arriving_mid_burst_starts_after_the_step_under_way(engines):
     plain, _, handing = engines  # handing: the first stream sees its tokens while its burst runs
     events: list[str] = []
     first = SamplingParams(max_tokens=150)
+    second_ids = handing.encode(chat(PROMPTS[1]))  # token ids: submitted as soon as it starts
 
     async def run():
         later: list[asyncio.Task] = []
 
         async def second():
             events.append("submitted")
-            async for _ in handing.generate_tokens(chat(PROMPTS[1]), SamplingParams(max_tokens=3)):
+            async for _ in handing.generate_tokens(second_ids, SamplingParams(max_tokens=3)):
                 events.append("second")
 
         async def first_stream():
