@@ -79,3 +79,24 @@ def test_adaptive_is_the_default_and_the_environment_turns_it_off(monkeypatch):
     monkeypatch.setenv("STREAMKIT_SPEC_ADAPTIVE", "0")
     assert resolve_options(cpu, speculative="ngram").spec_adaptive is False
     assert resolve_options(cpu, speculative="ngram", spec_adaptive=True).spec_adaptive is True
+
+
+def test_plain_runs_ahead_are_what_choose_would_have_answered():
+    """plain_ahead: how many steps choose() would answer plain in a row (the rest of a plain burst,
+    or the steps before the next exploring burst while plain is the cheaper), 0 where it would draft
+    or start a burst; skip_plain moves the policy on as that many choose() calls would have."""
+    p = SpeculationPolicy(burst=4, explore_every=10)
+    cheap_plain = {DRAFT: (0.050, 1), PLAIN: (0.030, 1)}
+    assert p.plain_ahead(1) == 0  # nothing measured: a drafting burst comes first
+    _run(p, 1, 5, cheap_plain)  # 4 drafting steps, then the first of 4 plain ones
+    assert p.plain_ahead(1) == 3
+    p.skip_plain(1, 3)
+    assert p.plain_ahead(1) == 10  # plain is the cheaper: until the next exploring burst
+    p.skip_plain(1, 6)
+    assert p.plain_ahead(1) == 4
+    twin = SpeculationPolicy(burst=4, explore_every=10)  # the same steps, every one chosen
+    _run(twin, 1, 5 + 3 + 6, cheap_plain)
+    assert _run(p, 1, 10, cheap_plain) == _run(twin, 1, 10, cheap_plain)
+    cheap_draft = SpeculationPolicy(burst=2, explore_every=10)
+    _run(cheap_draft, 1, 6, {DRAFT: (0.040, 2), PLAIN: (0.030, 1)})
+    assert cheap_draft.plain_ahead(1) == 0

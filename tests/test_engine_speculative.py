@@ -75,3 +75,21 @@ def test_greedy_output_is_identical_to_plain_decoding(weights):
     finally:
         plain.close()
         spec.close()
+
+
+@needs_model
+def test_an_adaptive_engine_bursts_where_its_policy_decodes_plainly():
+    """The adaptive policy's plain steps run as decode bursts (several steps a native call: after
+    its first burst of drafting steps comes one of plain steps), its drafting steps one a call, and
+    the greedy output stays plain decoding's."""
+    plain = Engine(default_model_path(), "cpu", weights="native-fp32", kv_cache_tokens=4096)
+    spec = Engine(default_model_path(), "cpu", weights="native-fp32", kv_cache_tokens=4096, speculative="ngram")
+    try:
+        expected = _generate(plain, PROMPTS)
+        assert _generate(spec, PROMPTS) == expected
+        stats = spec.stats()
+        assert stats["spec_adaptive"] and stats["spec_drafted_steps"] > 0 and stats["burst_steps"] >= 7
+        assert stats["spec_plain_steps"] >= stats["burst_steps"]  # each burst's steps measured as plain ones
+    finally:
+        plain.close()
+        spec.close()

@@ -29,7 +29,7 @@ from streamkit.engine.output import OutputProcessor
 from streamkit.engine.sampling import make_generator, plain_greedy, sample_batch
 from streamkit.engine.scheduler import Scheduler
 from streamkit.engine.sequence import Sequence, State
-from streamkit.engine.spec_policy import SpeculationPolicy
+from streamkit.engine.spec_policy import PLAIN, SpeculationPolicy
 from streamkit.engine.speculative import propose_ngram
 from streamkit.engine.stop import StopChecker
 from streamkit.engine.tokenizer import IncrementalDecoder, Tokenizer
@@ -138,8 +138,10 @@ class EngineCore:
         self._urgent_owed_until = 0.0  # monotonic time before which the engine does not wait again
         self.last_batch_size = 0
         self._recent: deque = deque(maxlen=256)
-        # decode bursts (_burst_steps): the native model, no drafts to verify between steps
-        self._bursts = isinstance(self.model, NativeLlamaModel) and not self.speculative and opts.decode_burst_ms > 0
+        # decode bursts (_burst_steps): the native model, no drafts to verify between steps (a
+        # speculative engine's adaptive policy bursts while it decodes plainly)
+        self._bursts = (isinstance(self.model, NativeLlamaModel) and opts.decode_burst_ms > 0
+                        and (not self.speculative or self.spec_policy is not None))
         self._burst_stop = StopFlag()  # set: end the burst under way after its step (something to schedule)
         if self._bursts:
             cores.on_change(self._burst_stop.set)
@@ -358,6 +360,8 @@ class EngineCore:
         if self._tuner is not None and self._tuner.explores_next(len(self.scheduler.running)):
             return 1  # a step of the other thread count is all an exploration needs
         n = min(BURST_MAX_STEPS, int(BURST_MAX_S / self._decode_step_s))
+        if self.spec_policy is not None:  # as many steps as the policy would run plain in a row
+            n = min(n, self.spec_policy.plain_ahead(len(self.scheduler.running)))
         for seq in self.scheduler.running:
             if seq.n_uncomputed != 1:
                 return 1
@@ -394,6 +398,7 @@ class EngineCore:
             return any(s.state is not State.RUNNING for s in seqs)  # a stop string, say: schedule again
 
         t0 = time.perf_counter()
+        tokens_before = self.tokens_generated
         args = ([s.tokens[s.num_computed] for s in seqs], [s.num_computed for s in seqs], [s.blocks for s in seqs], n,
                 self.tokenizer.stop_ids, [not s.ignore_eos for s in seqs])
         run = dict(stop=self._burst_stop, deliver_every=every, on_tokens=hand_over)
@@ -409,6 +414,13 @@ class EngineCore:
         self._accept_burst(seqs, toks[handed:])
         self.burst_steps += len(toks)
         self.last_batch_size = len(seqs)
+        if self.spec_policy is not None:  # plain steps it chose, measured as step() measures them
+            self.spec_policy.skip_plain(len(seqs), len(toks))
+            seconds, produced = (time.perf_counter() - t0) / len(toks), (self.tokens_generated - tokens_before) / len(toks)
+            for _ in range(len(toks)):
+                self.spec_policy.observe(len(seqs), PLAIN, seconds, produced)
+        if self.drafter is not None:
+            self.drafter.gc()  # the draft KV of sequences that finished in the burst
         return True
 
     def _accept_burst(self, seqs: list[Sequence], toks) -> None:

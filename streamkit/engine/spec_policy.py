@@ -104,7 +104,27 @@ class SpeculationPolicy:
         b.since_explore += 1
         return b.best()
 
-    def observe(self, batch: int, drafted: bool, seconds: float, produced: int) -> None:
+    def plain_ahead(self, batch: int) -> int:
+        """How many of the next steps choose(batch) would run plain in a row, the choice as it stands:
+        the rest of a plain burst, or the steps before the next exploring burst while plain decoding is
+        the cheaper; 0 where the next step drafts or begins a burst. The engine runs that many as one
+        decode burst and reports them with skip_plain."""
+        b = self._bucket(batch)
+        if b.burst_left > 0:
+            return b.burst_left if b.burst_way == PLAIN else 0
+        if any(b.cost[w].steps == 0 for w in (DRAFT, PLAIN)) or b.since_explore >= b.interval:
+            return 0
+        return b.interval - b.since_explore if b.best() == PLAIN else 0
+
+    def skip_plain(self, batch: int, steps: int) -> None:
+        """`steps` plain steps run without choose(batch) (at most plain_ahead(batch) of them)."""
+        b = self._bucket(batch)
+        if b.burst_left > 0:
+            b.burst_left -= min(steps, b.burst_left)
+        else:
+            b.since_explore += steps
+
+    def observe(self, batch: int, drafted: bool, seconds: float, produced: float) -> None:
         """A decode step's wall time (the draft's forwards included) and the tokens it produced;
         `spec_drafted_steps` / `spec_plain_steps` count these measured steps."""
         self._bucket(batch).cost[drafted].add(seconds, produced, self.decay)
