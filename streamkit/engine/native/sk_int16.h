@@ -115,6 +115,50 @@ INLINE void i16_block_2x4(const uint32_t *uk, const int16_t *xa, const int16_t *
     acc[0][0] = a00, acc[0][1] = a01, acc[1][0] = a10, acc[1][1] = a11;
     acc[2][0] = a20, acc[2][1] = a21, acc[3][0] = a30, acc[3][1] = a31;
 }
+
+/* the same for one block of an 8-column pass over one 8-row tile (steps of 5-8 rows, a step's odd
+ * last tile): 8 accumulators, x and 4 broadcasts, each product written over its broadcast. Against
+ * GCC's loop (AMD EPYC Zen 4, SmolLM2 steps, both builds alternating in one process, the same
+ * tokens): 6 rows 1.35x, 8 rows 1.28-1.31x, 24 rows (a pair of tiles and one) 1.15x. */
+INLINE void i16_block_1x8(const uint32_t *uk, const int16_t *xa, __m256i acc[8][2]) {
+    __m256i a0 = acc[0][0], a1 = acc[1][0], a2 = acc[2][0], a3 = acc[3][0];
+    __m256i a4 = acc[4][0], a5 = acc[5][0], a6 = acc[6][0], a7 = acc[7][0];
+    __m256i x0, b0, b1, b2, b3;
+    __asm__(".irp p,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15\n\t"
+            "vmovdqa (\\p*32)(%[xa]), %[x0]\n\t"
+            "vpbroadcastd (\\p*4)(%[w]), %[b0]\n\t"
+            "vpbroadcastd (64+\\p*4)(%[w]), %[b1]\n\t"
+            "vpbroadcastd (128+\\p*4)(%[w]), %[b2]\n\t"
+            "vpbroadcastd (192+\\p*4)(%[w]), %[b3]\n\t"
+            "vpmaddwd %[x0], %[b0], %[b0]\n\t"
+            "vpmaddwd %[x0], %[b1], %[b1]\n\t"
+            "vpmaddwd %[x0], %[b2], %[b2]\n\t"
+            "vpmaddwd %[x0], %[b3], %[b3]\n\t"
+            "vpaddd %[b0], %[a0], %[a0]\n\t"
+            "vpaddd %[b1], %[a1], %[a1]\n\t"
+            "vpaddd %[b2], %[a2], %[a2]\n\t"
+            "vpaddd %[b3], %[a3], %[a3]\n\t"
+            "vpbroadcastd (256+\\p*4)(%[w]), %[b0]\n\t"
+            "vpbroadcastd (320+\\p*4)(%[w]), %[b1]\n\t"
+            "vpbroadcastd (384+\\p*4)(%[w]), %[b2]\n\t"
+            "vpbroadcastd (448+\\p*4)(%[w]), %[b3]\n\t"
+            "vpmaddwd %[x0], %[b0], %[b0]\n\t"
+            "vpmaddwd %[x0], %[b1], %[b1]\n\t"
+            "vpmaddwd %[x0], %[b2], %[b2]\n\t"
+            "vpmaddwd %[x0], %[b3], %[b3]\n\t"
+            "vpaddd %[b0], %[a4], %[a4]\n\t"
+            "vpaddd %[b1], %[a5], %[a5]\n\t"
+            "vpaddd %[b2], %[a6], %[a6]\n\t"
+            "vpaddd %[b3], %[a7], %[a7]\n\t"
+            ".endr"
+            : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4), [a5] "+x"(a5),
+              [a6] "+x"(a6), [a7] "+x"(a7), [x0] "=&x"(x0), [b0] "=&x"(b0), [b1] "=&x"(b1), [b2] "=&x"(b2),
+              [b3] "=&x"(b3)
+            : [w] "r"(uk), [xa] "r"(xa)
+            : "memory");
+    acc[0][0] = a0, acc[1][0] = a1, acc[2][0] = a2, acc[3][0] = a3;
+    acc[4][0] = a4, acc[5][0] = a5, acc[6][0] = a6, acc[7][0] = a7;
+}
 #endif
 
 /* NC columns (c0..c0+NC-1 of the strip; a constant where inlined, 4 with two tiles, 8 with one) of
@@ -124,8 +168,8 @@ INLINE void i16_block_2x4(const uint32_t *uk, const int16_t *xa, const int16_t *
  * only one a cycle (8 columns: the head at 8 rows 2.57 -> 2.46 ms); with 8 the block's scaling (4
  * fp32 operations per 16 multiply-adds, on the same ports) is the limit. With AVX-VNNI a block's 16
  * k pairs are unrolled whole: GCC kept a rolled loop's accumulators on the stack (Intel Xeon, 16
- * rows: 4.0 against 4.25 ms for the head); vpmaddwd + vpaddd spilled when unrolled whole (20 %
- * slower), so that build unrolls 4, and takes i16_block_2x4 for two tiles. */
+ * rows: 4.0 against 4.25 ms for the head). Without it (vpmaddwd + vpaddd) GCC's loop spilled when
+ * unrolled whole and moved registers when unrolled 4, so those passes are in assembly. */
 INLINE void i16_tile(const int16_t *u, blk_scales sc, const int16_t *xa, const int16_t *xb, const float *dxa,
                      const float *dxsa, const float *dxb, const float *dxsb, int NB, int c0, int NC, float *out,
                      int two_tiles, int off, sk_pf *pf, size_t pf_per_block) {
@@ -137,26 +181,22 @@ INLINE void i16_tile(const int16_t *u, blk_scales sc, const int16_t *xa, const i
         const int16_t *ka = xa + (size_t)kb * (I16_TILE_BYTES / 2), *kb2 = xb + (size_t)kb * (I16_TILE_BYTES / 2);
         __m256i acc[8][2];
         for (int c = 0; c < NC; c++) acc[c][0] = acc[c][1] = _mm256_setzero_si256();
-#if !SK_VNNI256
-        if (two_tiles && NC == 4) {
-            i16_block_2x4(uk, ka, kb2, acc);
-        } else
-#endif
 #if SK_VNNI256
 #pragma GCC unroll 16
-#else
-#pragma GCC unroll 4
-#endif
         for (int p = 0; p < 16; p++) {
             const __m256i x0 = _mm256_load_si256((const __m256i *)(ka + p * 16));
             const __m256i x1 = two_tiles ? _mm256_load_si256((const __m256i *)(kb2 + p * 16)) : x0;
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++) {
                 const __m256i wb = _mm256_set1_epi32((int)uk[c * 16 + p]);
-                acc[c][0] = gv_madd_acc(acc[c][0], wb, x0); /* sk_gemv.h: vpdpwssd or vpmaddwd + vpaddd */
-                if (two_tiles) acc[c][1] = gv_madd_acc(acc[c][1], wb, x1);
+                acc[c][0] = _mm256_dpwssd_avx_epi32(acc[c][0], wb, x0);
+                if (two_tiles) acc[c][1] = _mm256_dpwssd_avx_epi32(acc[c][1], wb, x1);
             }
         }
+#else /* the passes i16_tiles_strip_as makes: two tiles of 4 columns, one of 8 */
+        if (two_tiles) i16_block_2x4(uk, ka, kb2, acc);
+        else i16_block_1x8(uk, ka, acc);
+#endif
         const float *a = sc.s0 + kb * sc.bs + c0 * sc.cs, *o = off ? sc.s1 + kb * sc.bs + c0 * sc.cs : NULL;
         const __m256 d0 = _mm256_loadu_ps(dxa + (size_t)kb * 8), ds0 = _mm256_loadu_ps(dxsa + (size_t)kb * 8);
         const __m256 d1 = _mm256_loadu_ps(dxb + (size_t)kb * 8), ds1 = _mm256_loadu_ps(dxsb + (size_t)kb * 8);
